@@ -1,0 +1,114 @@
+"""HardwareProfile: one accelerator's figures, loaded from cited YAML data.
+
+Every number the time and memory models use comes from a profile, never from a code constant:
+dense peak FLOP/s per matmul precision (never the sparsity figure), HBM capacity and bandwidth,
+interconnect bandwidths, achievable-fraction efficiencies, kernel-launch overhead, the runtime
+reserve (CUDA context, library workspaces) and the allocator's fragmentation allowance.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from hardware.dtypes import ComputePrecision
+from hardware.units import parse_bytes
+
+
+class DeviceKind(StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class Source(BaseModel):
+    """Where a figure comes from: which fields it supports and a link."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    fields: str = Field(description="which profile fields this source supports")
+    url: str = Field(min_length=8)
+
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class HardwareProfile(BaseModel):
+    """One device (one GPU, or one CPU socket) and the node it sits in."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, description="profile name used by --hardware")
+    description: str = ""
+    kind: DeviceKind = DeviceKind.GPU
+    hbm_bytes: int = Field(gt=0, description="device memory capacity (accepts 80GB / 80GiB / bytes)")
+    hbm_bandwidth_bytes_per_s: PositiveFloat
+    peak_flops_per_s: dict[ComputePrecision, PositiveFloat] = Field(
+        description="dense (non-sparse) peak FLOP/s of a matmul at each precision the device runs"
+    )
+    intra_node_bandwidth_bytes_per_s: PositiveFloat = Field(
+        description="per-GPU unidirectional bandwidth to its node peers (NVLink, xGMI, PCIe)"
+    )
+    inter_node_bandwidth_bytes_per_s: PositiveFloat = Field(
+        description="per-GPU unidirectional bandwidth to other nodes (InfiniBand, RoCE)"
+    )
+    collective_latency_s: PositiveFloat = Field(description="fixed latency of one collective call")
+    compute_efficiency: dict[ComputePrecision, Fraction] = Field(
+        description="achievable fraction of peak for large matmuls; one number or one per precision"
+    )
+    memory_efficiency: Fraction = Field(description="achievable fraction of HBM bandwidth for streaming ops")
+    kernel_launch_s: float = Field(ge=0, description="per-kernel launch and dispatch overhead")
+    runtime_reserve_bytes: int = Field(ge=0, description="CUDA context, cuBLAS/NCCL workspaces: memory a job cannot use")
+    fragmentation_factor: float = Field(ge=1.0, le=2.0, description="reserved / allocated allowance of the caching allocator")
+    alloc_granularity_bytes: int = Field(default=512, gt=0, description="allocator rounding of each tensor")
+    sources: tuple[Source, ...] = Field(min_length=1)
+
+    @field_validator("hbm_bytes", "runtime_reserve_bytes", mode="before")
+    @classmethod
+    def _parse_byte_sizes(cls, value: Any, info: ValidationInfo) -> Any:
+        if value == 0:
+            return 0
+        return parse_bytes(value, str(info.field_name))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _broadcast_efficiency(cls, data: Any) -> Any:
+        """``compute_efficiency: 0.75`` means the same fraction for every precision in the peak table."""
+        if isinstance(data, dict):
+            value = data.get("compute_efficiency")
+            peaks = data.get("peak_flops_per_s")
+            if isinstance(value, int | float) and not isinstance(value, bool) and isinstance(peaks, dict):
+                return {**data, "compute_efficiency": {key: value for key in peaks}}
+        return data
+
+    @model_validator(mode="after")
+    def _efficiency_covers_peaks(self) -> HardwareProfile:
+        missing = [p.value for p in self.peak_flops_per_s if p not in self.compute_efficiency]
+        if missing:
+            raise ValueError(f"compute_efficiency has no entry for {', '.join(missing)}")
+        return self
+
+    @property
+    def precisions(self) -> tuple[ComputePrecision, ...]:
+        return tuple(self.peak_flops_per_s)
+
+    def supports(self, precision: ComputePrecision) -> bool:
+        return precision in self.peak_flops_per_s
+
+    def achievable_flops_per_s(self, precision: ComputePrecision) -> float:
+        return self.peak_flops_per_s[precision] * self.compute_efficiency[precision]
+
+    def achievable_bandwidth_bytes_per_s(self) -> float:
+        return self.hbm_bandwidth_bytes_per_s * self.memory_efficiency
+
+    def accelerator_intensity(self, precision: ComputePrecision) -> float:
+        """Peak FLOP per byte of HBM traffic (lecture: H100 bf16 ~ 295)."""
+        return self.peak_flops_per_s[precision] / self.hbm_bandwidth_bytes_per_s
+
+    def round_alloc(self, n_bytes: int) -> int:
+        """Bytes the caching allocator hands out for a request of ``n_bytes``."""
+        if n_bytes <= 0:
+            return 0
+        g = self.alloc_granularity_bytes
+        return -(-n_bytes // g) * g
