@@ -1,0 +1,155 @@
+"""What is trained (ModelConfig) and how (TrainConfig): frozen, validated, documented fields.
+
+Field names follow the transformers/torchtitan vocabulary; every size is validated here so a
+bad file fails with the field's name rather than deep inside a formula.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+
+class Family(StrEnum):
+    GPT2 = "gpt2"
+    LLAMA = "llama"
+    MISTRAL = "mistral"
+    QWEN2 = "qwen2"
+
+
+class NormKind(StrEnum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class MlpKind(StrEnum):
+    GELU = "gelu"  # up -> GELU(tanh) -> down (GPT-2)
+    SWIGLU = "swiglu"  # silu(gate) * up -> down (Llama, Mistral, Qwen2)
+
+
+class PositionKind(StrEnum):
+    LEARNED = "learned"  # a (max_seq_len, d_model) table added to the token embedding
+    ROTARY = "rotary"  # RoPE applied to q and k inside attention
+
+
+class AttentionImpl(StrEnum):
+    FLASH = "flash"  # fused SDPA: saves q, k, v, output and a log-sum-exp per row
+    EAGER = "eager"  # matmul, softmax, dropout, matmul: saves the T x T probabilities
+
+
+class OptimizerKind(StrEnum):
+    ADAMW = "adamw"
+    SGD_MOMENTUM = "sgd-momentum"
+    SGD = "sgd"
+
+
+class OptimizerImpl(StrEnum):
+    FOREACH = "foreach"  # torch's default on CUDA: multi-tensor kernels with param-sized temporaries
+    FUSED = "fused"  # one fused kernel, updates in place
+
+
+_FAMILY_DEFAULTS: dict[Family, dict[str, Any]] = {
+    Family.GPT2: dict(
+        norm=NormKind.LAYERNORM, mlp=MlpKind.GELU, positions=PositionKind.LEARNED,
+        tie_embeddings=True, qkv_bias=True, attn_out_bias=True, mlp_bias=True, norm_bias=True, norm_eps=1e-5,
+    ),
+    Family.LLAMA: dict(
+        norm=NormKind.RMSNORM, mlp=MlpKind.SWIGLU, positions=PositionKind.ROTARY,
+        tie_embeddings=False, qkv_bias=False, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-5,
+    ),
+    Family.MISTRAL: dict(
+        norm=NormKind.RMSNORM, mlp=MlpKind.SWIGLU, positions=PositionKind.ROTARY,
+        tie_embeddings=False, qkv_bias=False, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-5,
+    ),
+    Family.QWEN2: dict(
+        norm=NormKind.RMSNORM, mlp=MlpKind.SWIGLU, positions=PositionKind.ROTARY,
+        tie_embeddings=False, qkv_bias=True, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-6,
+    ),
+}
+
+
+class ModelConfig(BaseModel):
+    """A decoder-only transformer. Unset architecture fields take the family's defaults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(default="custom", description="label used in reports")
+    family: Family
+    n_layers: PositiveInt = Field(description="number of transformer blocks (L)")
+    d_model: PositiveInt = Field(description="hidden size (D)")
+    n_heads: PositiveInt = Field(description="attention heads (N); d_model must be divisible by it")
+    n_kv_heads: PositiveInt | None = Field(default=None, description="key/value heads (K) for GQA; default n_heads")
+    d_ff: PositiveInt = Field(description="MLP inner size (F)")
+    vocab_size: PositiveInt = Field(description="vocabulary size (V)")
+    max_seq_len: PositiveInt = Field(description="longest context the positions support")
+    tie_embeddings: bool | None = Field(default=None, description="LM head shares the token embedding")
+    qkv_bias: bool | None = None
+    attn_out_bias: bool | None = None
+    mlp_bias: bool | None = None
+    norm_bias: bool | None = Field(default=None, description="LayerNorm has a bias (RMSNorm never has one)")
+    norm: NormKind | None = None
+    mlp: MlpKind | None = None
+    positions: PositionKind | None = None
+    norm_eps: float | None = Field(default=None, gt=0)
+    rope_theta: float = Field(default=10000.0, gt=0)
+    attention: AttentionImpl = Field(default=AttentionImpl.FLASH, description="flash (fused SDPA) or eager")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout probability (embeddings, attention, residual)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        try:
+            family = Family(data.get("family"))
+        except ValueError:
+            return data  # the field validator reports the bad family
+        merged = dict(data)
+        for key, value in _FAMILY_DEFAULTS[family].items():
+            if merged.get(key) is None:
+                merged[key] = value
+        if merged.get("n_kv_heads") is None:
+            merged["n_kv_heads"] = merged.get("n_heads")
+        return merged
+
+    @model_validator(mode="after")
+    def _shapes_consistent(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); change one of them"
+            )
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}) for grouped-query attention"
+            )
+        if self.positions is PositionKind.ROTARY and self.head_dim % 2:
+            raise ValueError(f"rotary positions need an even head dim, got d_model/n_heads = {self.head_dim}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        """H = D / N."""
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """K (never None after validation)."""
+        return self.n_kv_heads or self.n_heads
+
+
+class TrainConfig(BaseModel):
+    """One optimizer step's workload: sequences of ``seq_len`` tokens, ``global_batch_size`` of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq_len: PositiveInt = Field(description="tokens per sequence (T)")
+    global_batch_size: PositiveInt = Field(description="sequences per optimizer step, over all GPUs")
+    optimizer: OptimizerKind = OptimizerKind.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
+    weight_decay: float = Field(default=0.1, ge=0.0)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch_size

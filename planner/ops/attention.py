@@ -1,0 +1,165 @@
+"""Attention: rotary embedding and the attention core (fused SDPA "flash" or eager).
+
+FLOPs follow FlopCounterMode's SDPA formulas (torch/utils/flop_counter.py ``sdpa_flop_count``):
+forward = QK^T + PV = 2 * (2*B*N*T*T*H), the full T x T square (no causal discount);
+backward = 2 x forward. The executed FLOPs (for time) differ: a causal flash kernel skips the
+masked half, and its backward recomputes QK^T (5 matmuls instead of 4; Dao 2023, FlashAttention-2).
+"""
+
+from __future__ import annotations
+
+from hardware.dtypes import DType
+from planner.ops.base import AllocSequence, LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
+from planner.ops.elementwise import promote
+from planner.ops.registry import register
+
+
+def _attention_flops(spec: LayerSpec, ctx: OpContext) -> float:
+    """2 matmuls of B*N x T x T x H: 4*B*N*T^2*H."""
+    return 4.0 * ctx.batch * spec.n_heads * ctx.seq_len * ctx.seq_len * spec.head_dim
+
+
+@register(OpKind.ROTARY)
+def rotary_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """RoPE on q (B, N, T, H) and k (B, K, T, H): ``x*cos + cat(-x2, x1)*sin`` (Su et al. 2021).
+
+    Output q_rot and k_rot (new tensors). Saves only cos and sin (the ``mul`` by a tensor that
+    needs no grad saves that tensor); under autocast they are first cast to the low dtype, one
+    small copy each per block. Inside, per tensor: x*cos, -x2, cat, cat*sin, sum: three tensors
+    of the size of x coexist at the peak.
+    """
+    q, k, rope = ctx.inputs
+    dtype = promote(q.dtype, k.dtype)
+    out = TensorInfo(numel=q.numel + k.numel, dtype=dtype)
+    u_q, u_k = q.n_bytes, k.n_bytes
+    seq = AllocSequence()
+    for u in (u_q, u_k):
+        seq.alloc(u).alloc(u // 2).alloc(u).free(u // 2).alloc(u).free(u).alloc(u).free(2 * u)
+    casts_tables = rope.dtype != dtype
+    table_copies = (rope.numel // 2 * dtype.n_bytes,) * 2 if casts_tables else ()
+    return LayerCost(
+        output=out,
+        saves_inputs=(False, False, not casts_tables),
+        saved_extra_bytes=table_copies,
+        fwd_transient_bytes=seq.transient_over(out.n_bytes),
+        bwd_transient_bytes=2 * max(u_q, u_k),
+        fwd_bytes_moved=9 * (u_q + u_k),
+        bwd_bytes_moved=10 * (u_q + u_k),
+        fwd_kernels=10,
+        bwd_kernels=12,
+    )
+
+
+@register(OpKind.ATTENTION_FLASH)
+def flash_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """Fused SDPA (FlashAttention-2 on CUDA, its CPU port on CPU), causal, GQA handled natively.
+
+    Saves q, k, v, the output (B, N, T, H) and a (B, N, T) fp32 log-sum-exp; never the T x T
+    scores (Korthikanti's 5as/h term disappears). The output is laid out (B, T, N, H), so the
+    merge of heads before ``o_proj`` is a view. Backward keeps an fp32 dq accumulator
+    (B, T, N, H) and, with GQA, expanded dk/dv of N heads before they are summed to K.
+    """
+    dtype = promote(*(t.dtype for t in ctx.inputs))
+    bnt = ctx.batch * spec.n_heads * ctx.seq_len
+    out = TensorInfo(numel=bnt * spec.head_dim, dtype=dtype)
+    flops = _attention_flops(spec, ctx)
+    io_bytes = sum(t.n_bytes for t in ctx.inputs) + out.n_bytes
+    bwd_transient = out.numel * 4 + bnt * 4
+    if spec.n_kv_heads < spec.n_heads:
+        bwd_transient += 2 * out.n_bytes
+    return LayerCost(
+        fwd_flops=flops,
+        bwd_input_flops=2 * flops,
+        exec_fwd_flops=flops / 2,
+        exec_bwd_flops=2.5 * flops / 2,
+        fwd_bytes_moved=io_bytes + bnt * 4,
+        bwd_bytes_moved=2 * io_bytes + out.n_bytes + bnt * 8,
+        fwd_kernels=1,
+        bwd_kernels=3,
+        matmul=True,
+        output=out,
+        saves_inputs=tuple(True for _ in ctx.inputs),
+        saves_output=True,
+        saved_extra_bytes=(bnt * 4,),
+        bwd_transient_bytes=bwd_transient,
+    )
+
+
+@register(OpKind.ATTENTION_EAGER)
+def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """``softmax(mask(q k^T * s)) v`` written out (Korthikanti et al. 2022, Table 2 setting).
+
+    ``matmul`` folds (B, N) into a bmm batch, copying q, k and v into contiguous (B*N, T, H)
+    operands (they are strided views of the projections) and saving the copies: 3 x B*N*T*H.
+    Saved T x T tensors: the softmax output and, with dropout, its bool mask and the dropped
+    probabilities (Korthikanti's 5as^2b bytes in 16-bit). Under autocast softmax runs in fp32 and
+    the probabilities are cast back for the second matmul (fp32 probs + bf16 copy saved).
+    The heads are merged with a copy (B, T, N*H), saved by ``o_proj``. The shared causal mask is
+    saved by ``masked_fill``.
+    """
+    *qkv, mask = ctx.inputs
+    dtype = promote(*(t.dtype for t in qkv))
+    n, h = spec.n_heads, spec.head_dim
+    bnt = ctx.batch * n * ctx.seq_len
+    operand = bnt * h * dtype.n_bytes
+    scores = bnt * ctx.seq_len
+    s_bytes = scores * dtype.n_bytes
+    low = ctx.precision.autocast_dtype
+    p_dtype = DType.FP32 if low is not None else dtype
+    p_bytes = scores * p_dtype.n_bytes
+    drop = spec.dropout > 0
+    extras = [operand, operand]  # q and k operand copies
+    seq = AllocSequence().alloc(2 * operand).alloc(s_bytes).alloc(s_bytes).free(s_bytes)  # q k^T, * s
+    seq.alloc(s_bytes).free(s_bytes)  # masked_fill
+    if low is not None:
+        seq.alloc(p_bytes)  # fp32 cast of the scores for softmax
+    seq.alloc(p_bytes).free(s_bytes)  # softmax output (saved)
+    if low is not None:
+        seq.free(p_bytes)
+    extras.append(p_bytes)
+    if drop:
+        seq.alloc(scores).alloc(p_bytes)  # mask, dropped probabilities
+        extras.append(scores)
+    if low is not None:
+        seq.alloc(s_bytes)  # low-precision copy for the second matmul (saved)
+        extras.append(s_bytes)
+        if drop:
+            seq.free(p_bytes)  # fp32 dropped probs: nothing saves them
+    elif drop:
+        extras.append(p_bytes)
+    seq.alloc(operand).alloc(operand).alloc(operand)  # v copy (saved), p v, head merge copy
+    extras.append(operand)
+    out = TensorInfo(numel=bnt * h, dtype=dtype)
+    final = sum(extras) + out.n_bytes
+    # inside a checkpointed block nothing is saved: each internal tensor dies with its last use
+    bare = AllocSequence().alloc(2 * operand).alloc(s_bytes).free(2 * operand)  # q k^T; copies die
+    bare.alloc(s_bytes).free(s_bytes).alloc(s_bytes).free(s_bytes)  # * scale, masked_fill
+    if low is not None:
+        bare.alloc(p_bytes).free(s_bytes).alloc(p_bytes).free(p_bytes)  # fp32 cast, softmax
+    else:
+        bare.alloc(p_bytes).free(s_bytes)  # softmax
+    p_live = p_bytes
+    if drop:
+        bare.alloc(scores).alloc(p_bytes).free(scores).free(p_bytes)  # dropout: mask dies, probs die
+    if low is not None:
+        bare.alloc(s_bytes).free(p_live)
+        p_live = s_bytes
+    bare.alloc(operand).alloc(operand).free(operand + p_live).alloc(out.n_bytes)  # v copy, p v, merge
+    flops = _attention_flops(spec, ctx)
+    io_bytes = sum(t.n_bytes for t in qkv) + out.n_bytes
+    n_tt = 3 if drop else 1
+    return LayerCost(
+        fwd_flops=flops,
+        bwd_input_flops=2 * flops,
+        fwd_bytes_moved=io_bytes + 4 * operand + (4 + 2 * n_tt) * s_bytes,
+        bwd_bytes_moved=2 * io_bytes + 4 * operand + (6 + 2 * n_tt) * s_bytes,
+        fwd_kernels=8 + (1 if drop else 0),
+        bwd_kernels=10 + (1 if drop else 0),
+        matmul=True,
+        output=out,
+        saves_inputs=tuple(False for _ in qkv) + (True,),
+        saved_extra_bytes=tuple(extras),
+        fwd_transient_bytes=seq.transient_over(final),
+        unsaved_fwd_transient_bytes=bare.transient_over(out.n_bytes),
+        bwd_transient_bytes=2 * p_bytes + operand,
+    )

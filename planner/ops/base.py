@@ -1,0 +1,184 @@
+"""Types shared by every cost formula: the op spec, the per-micro-batch cost, the context.
+
+Notation used in every formula docstring: B micro-batch, T seq_len, D d_model, F d_ff,
+N heads, K kv heads, H head dim, V vocab. FLOPs count 2 per multiply-add and the full T x T
+attention, backward = 2 x forward for matmuls, as ``torch.utils.flop_counter.FlopCounterMode``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware.dtypes import DType
+from planner.precision import PrecisionSpec
+
+
+class OpKind(StrEnum):
+    EMBEDDING = "embedding"
+    POS_EMBEDDING = "pos_embedding"
+    ROPE_TABLES = "rope_tables"
+    CAUSAL_MASK = "causal_mask"
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+    LINEAR = "linear"
+    ROTARY = "rotary"
+    ATTENTION_FLASH = "attention_flash"
+    ATTENTION_EAGER = "attention_eager"
+    RESIDUAL_ADD = "residual_add"
+    GELU = "gelu"
+    SILU = "silu"
+    GLU_MUL = "glu_mul"
+    DROPOUT = "dropout"
+    CAST = "cast"
+    CROSS_ENTROPY = "cross_entropy"
+
+
+class TensorInfo(BaseModel):
+    """An activation tensor: element count, dtype, whether autograd tracks it."""
+
+    model_config = ConfigDict(frozen=True)
+    numel: int
+    dtype: DType
+    requires_grad: bool = True
+
+    @property
+    def n_bytes(self) -> int:
+        return self.numel * self.dtype.n_bytes
+
+
+class ParamTensor(BaseModel):
+    """One parameter tensor an op uses; ``name`` is its state-dict key (shared when tied)."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    numel: int
+
+
+class LayerSpec(BaseModel):
+    """What an op is: its kind, its graph/module name, its block, and the sizes it needs."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    kind: OpKind
+    block: int | None = None
+    in_features: int = 0
+    out_features: int = 0
+    bias: bool = False
+    n_heads: int = 0
+    n_kv_heads: int = 0
+    head_dim: int = 0
+    dropout: float = 0.0
+    params: tuple[ParamTensor, ...] = ()
+    owns_params: bool = True  # False when the params belong to another op (tied LM head)
+
+
+class OpContext(BaseModel):
+    """Everything a formula needs besides the spec: sizes, precision, the inputs it receives."""
+
+    model_config = ConfigDict(frozen=True)
+    batch: int  # B
+    seq_len: int  # T
+    precision: PrecisionSpec
+    inputs: tuple[TensorInfo, ...] = ()
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+
+class LayerCost(BaseModel):
+    """The cost of one op for one micro-batch.
+
+    Memory fields describe autograd's behaviour: which inputs the op saves for backward, whether
+    it saves its own output, which extra tensors it saves (masks, statistics, copies), and the
+    transient bytes that exist only inside its forward or backward.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    fwd_flops: float = 0.0  # model FLOPs (matmuls and attention products only)
+    bwd_input_flops: float = 0.0
+    bwd_weight_flops: float = 0.0
+    exec_fwd_flops: float | None = None  # FLOPs the kernel executes, if not fwd_flops (causal flash)
+    exec_bwd_flops: float | None = None
+    fwd_bytes_moved: float = 0.0
+    bwd_bytes_moved: float = 0.0
+    fwd_kernels: int = 1
+    bwd_kernels: int = 1
+    matmul: bool = False  # runs at the policy's matmul precision
+    output: TensorInfo
+    saves_inputs: tuple[bool, ...] = ()
+    saves_output: bool = False
+    saved_extra_bytes: tuple[int, ...] = ()  # tensors the op creates and keeps for backward
+    autocast_copy_bytes: tuple[int, ...] = ()  # autocast's cached low-precision weight copies
+    fwd_transient_bytes: int = 0  # beyond inputs, output and extras, at the op's forward peak
+    # beyond inputs and output when the op runs inside a checkpointed unit (nothing is saved,
+    # so a composite op frees its internal tensors as it goes); None: extras + fwd_transient
+    unsaved_fwd_transient_bytes: int | None = None
+    bwd_transient_bytes: int = 0  # beyond input grads, at the op's backward peak
+    grad_aliases_inputs: tuple[bool, ...] = ()  # input grads that are the output grad itself (add)
+    param_numel: int = 0
+    param_dtype: DType = DType.FP32
+    has_backward: bool = True
+
+    def saves_input(self, position: int) -> bool:
+        return position < len(self.saves_inputs) and self.saves_inputs[position]
+
+    def grad_aliases_input(self, position: int) -> bool:
+        return position < len(self.grad_aliases_inputs) and self.grad_aliases_inputs[position]
+
+    @property
+    def bwd_flops(self) -> float:
+        return self.bwd_input_flops + self.bwd_weight_flops
+
+    @property
+    def fwd_exec(self) -> float:
+        return self.fwd_flops if self.exec_fwd_flops is None else self.exec_fwd_flops
+
+    @property
+    def bwd_exec(self) -> float:
+        return self.bwd_flops if self.exec_bwd_flops is None else self.exec_bwd_flops
+
+
+class AllocSequence:
+    """A small helper for formulas: replay an op's internal allocations to find its peak.
+
+    ``transient_over(final)`` is how far the peak inside the op rises above what it leaves
+    allocated at the end (output + saved extras).
+    """
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def alloc(self, n_bytes: int) -> AllocSequence:
+        self.live += n_bytes
+        self.peak = max(self.peak, self.live)
+        return self
+
+    def free(self, n_bytes: int) -> AllocSequence:
+        self.live -= n_bytes
+        return self
+
+    def transient_over(self, final_bytes: int) -> int:
+        return max(0, self.peak - final_bytes)
+
+
+def linear_flops(tokens: int, in_features: int, out_features: int) -> float:
+    """x[tokens, in] @ W[in, out]: 2 * tokens * in * out (lecture: 2 * B * D * K)."""
+    return 2.0 * tokens * in_features * out_features
+
+
+__all__ = [
+    "AllocSequence",
+    "Field",
+    "LayerCost",
+    "LayerSpec",
+    "OpContext",
+    "OpKind",
+    "ParamTensor",
+    "TensorInfo",
+    "linear_flops",
+]

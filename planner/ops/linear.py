@@ -1,0 +1,59 @@
+"""Linear layers (projections, MLP, LM head): the matmuls that dominate FLOPs."""
+
+from __future__ import annotations
+
+from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, TensorInfo, linear_flops
+from planner.ops.registry import register
+
+
+@register(OpKind.LINEAR)
+def linear_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """``y = x W^T + b`` with x (B, T, I), W (O, I): one (B*T) x I x O matmul.
+
+    FLOPs (lecture; FlopCounterMode's mm/addmm): forward 2*B*T*I*O; backward 2*B*T*I*O for the
+    input gradient (only if the input requires grad) and 2*B*T*I*O for the weight gradient.
+
+    Memory: ``addmm``/``mm`` on a flattened view save the input and the weight. Under autocast
+    the input is cast to the low-precision dtype first (a new copy, saved instead of the input;
+    autocast does not cache non-leaf casts, so q/k/v each keep their own copy) and the weight and
+    bias casts are cached for the whole forward and saved. Backward then computes the input and
+    weight gradients in low precision and casts them back (transients).
+    """
+    x = ctx.inputs[0]
+    i, o = spec.in_features, spec.out_features
+    tokens = x.numel // i
+    low = ctx.precision.autocast_dtype
+    out_dtype = low or x.dtype
+    out = TensorInfo(numel=tokens * o, dtype=out_dtype)
+    weight_numel = i * o + (o if spec.bias else 0)
+    param_dtype = ctx.precision.param_dtype
+    casts_input = low is not None and x.dtype != low
+    saved_extra: tuple[int, ...] = ()
+    autocast_copies: tuple[int, ...] = ()
+    bwd_transient = 0
+    if low is not None:
+        autocast_copies = (i * o * low.n_bytes,) + ((o * low.n_bytes,) if spec.bias else ())
+        bwd_transient = i * o * low.n_bytes  # low-precision weight grad before its cast to fp32
+    if casts_input:
+        assert low is not None
+        saved_extra = (x.numel * low.n_bytes,)
+        bwd_transient += x.numel * low.n_bytes  # grad of the copy, before the cast back
+    compute_bytes = out_dtype.n_bytes
+    flops = linear_flops(tokens, i, o)
+    return LayerCost(
+        fwd_flops=flops,
+        bwd_input_flops=flops if x.requires_grad else 0.0,
+        bwd_weight_flops=flops,
+        fwd_bytes_moved=(x.numel + i * o + tokens * o) * compute_bytes,
+        bwd_bytes_moved=(2 * tokens * o + 2 * x.numel + 2 * i * o) * compute_bytes,
+        fwd_kernels=1 + (2 if low is not None else 0),
+        bwd_kernels=2 + (1 if spec.bias else 0),
+        matmul=True,
+        output=out,
+        saves_inputs=(not casts_input,),
+        saved_extra_bytes=saved_extra,
+        autocast_copy_bytes=autocast_copies,
+        bwd_transient_bytes=bwd_transient,
+        param_numel=weight_numel if spec.owns_params else 0,
+        param_dtype=param_dtype,
+    )

@@ -1,0 +1,63 @@
+"""Normalisations: LayerNorm (fused aten op) and RMSNorm (written out in the reference model)."""
+
+from __future__ import annotations
+
+from hardware.dtypes import DType
+from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
+from planner.ops.registry import register
+
+
+def _norm_dtype(ctx: OpContext) -> DType:
+    """CUDA autocast runs layer_norm, pow and rsqrt in fp32; our residual stream is fp32 there anyway."""
+    return DType.FP32 if ctx.precision.autocast_dtype is not None else ctx.inputs[0].dtype
+
+
+@register(OpKind.LAYERNORM)
+def layernorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """``native_layer_norm`` over D for B*T rows.
+
+    Saves its input (B, T, D), weight, bias and two (B, T, 1) fp32 statistics (mean, rstd):
+    Korthikanti et al. 2022 count the input (2sbh bytes in 16-bit) and ignore the statistics.
+    No matmul FLOPs. Traffic: read x, write y; backward reads grad, x, stats and writes dx.
+    """
+    x = ctx.inputs[0]
+    dtype = _norm_dtype(ctx)
+    out = TensorInfo(numel=x.numel, dtype=dtype)
+    rows = ctx.tokens
+    return LayerCost(
+        output=out,
+        saves_inputs=(True,),
+        saved_extra_bytes=(rows * 4, rows * 4),
+        fwd_bytes_moved=x.n_bytes + out.n_bytes,
+        bwd_bytes_moved=2 * x.n_bytes + 2 * out.n_bytes,
+        bwd_kernels=2,
+        param_numel=sum(p.numel for p in spec.params),
+        param_dtype=ctx.precision.param_dtype,
+    )
+
+
+@register(OpKind.RMSNORM)
+def rmsnorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """``(x * rsqrt(mean(x^2) + eps)) * w`` as separate aten ops (Zhang & Sennrich 2019).
+
+    Saved for backward: x (by ``pow`` and the first ``mul``), rstd (B, T, 1) and the normalised
+    ``x * rstd`` (B, T, D) (by the weight ``mul``). ``x^2`` is freed after the mean. Backward
+    builds the mul, mean and pow gradients: about three (B, T, D) temporaries at once.
+    """
+    x = ctx.inputs[0]
+    dtype = _norm_dtype(ctx)
+    out = TensorInfo(numel=x.numel, dtype=dtype)
+    rows = ctx.tokens
+    u = x.numel * dtype.n_bytes
+    return LayerCost(
+        output=out,
+        saves_inputs=(True,),
+        saved_extra_bytes=(rows * dtype.n_bytes, u),
+        fwd_bytes_moved=5 * u,
+        bwd_bytes_moved=10 * u,
+        fwd_kernels=6,
+        bwd_kernels=9,
+        bwd_transient_bytes=3 * u,
+        param_numel=sum(p.numel for p in spec.params),
+        param_dtype=ctx.precision.param_dtype,
+    )

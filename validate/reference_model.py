@@ -1,0 +1,227 @@
+"""The reference model: plain, readable PyTorch (with einops) built from a ``ModelConfig``.
+
+Every op the planner prices is a module here, and module names are the planner's graph node
+names (``blocks.3.attn.q_proj``), so predicted and measured per-module figures join on one key.
+``model(input_ids, targets)`` returns the scalar mean cross-entropy loss.
+
+Memory-relevant choices are deliberate and mirrored by the planner's cost formulas:
+- RMSNorm is written out (``x * rsqrt(mean(x^2) + eps) * w``) so it saves the same tensors on
+  every device (``F.rms_norm`` is fused on CUDA but decomposed on CPU);
+- the causal mask (eager attention) and the rotary cos/sin tables are built once per forward
+  and shared by every block, as transformers does;
+- the loss upcasts the logits to fp32 before the cross-entropy (a no-op in fp32);
+- dropout calls ``torch.native_dropout`` (a bool mask, as CUDA's ``F.dropout`` does; on CPU
+  ``F.dropout`` saves a float noise tensor instead);
+- forwards are written as chained expressions or rebind one name, so no Python local keeps a
+  tensor alive longer than autograd does (a local holds its tensor until the function returns).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, repeat
+from torch import nn
+
+from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * w (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x * rstd) * self.weight
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    eps = float(config.norm_eps or 1e-5)
+    if config.norm is NormKind.RMSNORM:
+        return RMSNorm(config.d_model, eps)
+    return nn.LayerNorm(config.d_model, eps=eps, bias=bool(config.norm_bias))
+
+
+class Dropout(nn.Module):
+    """Dropout through ``native_dropout``: the same memory (a bool mask) on every device."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.native_dropout(x, self.p, self.training)[0] if self.training and self.p > 0 else x
+
+
+class Rotary(nn.Module):
+    """RoPE (Su et al. 2021), rotate-half form as in transformers' Llama: x*cos + rot(x)*sin."""
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # no-op unless autocast made q low precision
+        q_rot = q * cos + self._rotate_half(q) * sin
+        k_rot = k * cos + self._rotate_half(k) * sin
+        return q_rot, k_rot
+
+
+class AttentionCore(nn.Module):
+    """softmax(q k^T / sqrt(H) + causal) v over heads; returns (B, T, N*H)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.impl = config.attention
+        self.dropout = config.dropout
+        self.groups = config.n_heads // config.kv_heads
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        p_drop = self.dropout if self.training else 0.0
+        if self.impl is AttentionImpl.FLASH:
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=p_drop, is_causal=True, enable_gqa=self.groups > 1
+            )
+        else:
+            if self.groups > 1:
+                k = repeat(k, "b k t h -> b (k g) t h", g=self.groups)
+                v = repeat(v, "b k t h -> b (k g) t h", g=self.groups)
+            scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+            scores = scores.masked_fill(mask, float("-inf"))
+            scores = torch.softmax(scores, dim=-1)
+            if p_drop > 0:
+                scores = torch.native_dropout(scores, p_drop, True)[0]
+            out = torch.matmul(scores, v)
+        return rearrange(out, "b n t h -> b t (n h)")
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        n, k, h, d = config.n_heads, config.kv_heads, config.head_dim, config.d_model
+        self.head_dim = h
+        self.q_proj = nn.Linear(d, n * h, bias=bool(config.qkv_bias))
+        self.k_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
+        self.v_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
+        self.rotary = Rotary() if config.positions is PositionKind.ROTARY else None
+        self.core = AttentionCore(config)
+        self.o_proj = nn.Linear(n * h, d, bias=bool(config.attn_out_bias))
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        split = "b t (n h) -> b n t h"
+        q = rearrange(self.q_proj(x), split, h=self.head_dim)
+        k = rearrange(self.k_proj(x), split, h=self.head_dim)
+        v = rearrange(self.v_proj(x), split, h=self.head_dim)
+        if self.rotary is not None and rope is not None:
+            q, k = self.rotary(q, k, *rope)
+        return self.o_proj(self.core(q, k, v, mask))
+
+
+class Mlp(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d, f, bias = config.d_model, config.d_ff, bool(config.mlp_bias)
+        self.kind = config.mlp
+        self.gate_proj = nn.Linear(d, f, bias=bias) if self.kind is MlpKind.SWIGLU else None
+        self.up_proj = nn.Linear(d, f, bias=bias)
+        self.act = nn.SiLU() if self.kind is MlpKind.SWIGLU else nn.GELU(approximate="tanh")
+        self.down_proj = nn.Linear(f, d, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is not None:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = make_norm(config)
+        self.attn = Attention(config)
+        self.attn_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+        self.mlp_norm = make_norm(config)
+        self.mlp = Mlp(config)
+        self.mlp_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = x + self.attn_dropout(self.attn(self.attn_norm(x), rope, mask))
+        return x + self.mlp_dropout(self.mlp(self.mlp_norm(x)))
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM: embed (+ learned positions), L blocks, final norm, LM head, loss."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        learned = config.positions is PositionKind.LEARNED
+        self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if learned else None
+        self.embed_dropout = Dropout(config.dropout) if config.dropout > 0 else None
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.final_norm = make_norm(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        # Blocks to run under torch.utils.checkpoint (non-reentrant); set by the plan.
+        self.checkpoint_blocks: frozenset[int] = frozenset()
+
+    def rope_tables(self, seq_len: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of shape (T, H), built once per forward in fp32 and cast to the activations' dtype."""
+        h = self.config.head_dim
+        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, h, 2, device=device, dtype=torch.float32) / h))
+        angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        x = self.embed(input_ids)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(seq_len, device=input_ids.device))
+        if self.embed_dropout is not None:
+            x = self.embed_dropout(x)
+        rope = self.rope_tables(seq_len, x.dtype, x.device) if self.config.positions is PositionKind.ROTARY else None
+        mask = None
+        if self.config.attention is AttentionImpl.EAGER:
+            mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).triu(1)
+        for index, block in enumerate(self.blocks):
+            if index in self.checkpoint_blocks:
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, mask, use_reentrant=False)
+            else:
+                x = block(x, rope, mask)
+        # one expression: the low-precision logits are freed as soon as their fp32 copy exists
+        return F.cross_entropy(self.lm_head(self.final_norm(x)).float().flatten(0, 1), targets.flatten())
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype | None = None) -> Transformer:
+    """The reference ``torch.nn.Module`` for ``config``, parameters created in ``dtype``.
+
+    Parameters are created directly in ``dtype`` (not converted afterwards with ``.to``), which
+    also works under ``FakeTensorMode`` where conversion cannot swap fake parameters.
+    """
+    previous = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        return Transformer(config)
+    finally:
+        torch.set_default_dtype(previous)

@@ -1,0 +1,87 @@
+"""A live-storage tracker: the exact bytes real PyTorch code keeps alive, on any device, at any size.
+
+Under ``FakeTensorMode`` no memory is used, but every aten op still produces tensors with
+storages. ``LiveStorageTracker`` (a ``TorchDispatchMode``) records each new storage an op
+produces, with its size rounded up to the CUDA caching allocator's 512-byte blocks, and a
+``weakref.finalize`` on the storage object subtracts it when PyTorch frees it. The running
+maximum is what ``torch.cuda.max_memory_allocated()`` would read for the same code.
+
+Storages that exist before the tracker starts (parameters, buffers) are added with ``track``.
+FSDP2's ``UntypedStorage.resize_`` bypasses dispatch modes and is not seen here.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+CUDA_BLOCK_BYTES = 512
+
+
+def rounded_bytes(n_bytes: int, block_bytes: int = CUDA_BLOCK_BYTES) -> int:
+    """Size the caching allocator hands out for a request of ``n_bytes`` (0 stays 0)."""
+    return -(-n_bytes // block_bytes) * block_bytes if n_bytes > 0 else 0
+
+
+@dataclass
+class TraceEvent:
+    """Live bytes right after one aten op (and the module it ran in, when known)."""
+
+    op: str
+    live_bytes: int
+    module: str = ""
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Counts live storage bytes op by op; ``peak_bytes`` is the maximum seen."""
+
+    def __init__(self, block_bytes: int = CUDA_BLOCK_BYTES, record_trace: bool = False) -> None:
+        super().__init__()
+        self.block_bytes = block_bytes
+        self.record_trace = record_trace
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.trace: list[TraceEvent] = []
+        self.current_module = ""
+        self._live: dict[int, int] = {}
+
+    def track(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count storages that already exist (parameters, buffers, a data batch)."""
+        for tensor in tensors:
+            self._add(tensor)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def reset_peak(self) -> None:
+        """Like ``torch.cuda.reset_peak_memory_stats``: the peak restarts from what is live now."""
+        self.peak_bytes = self.live_bytes
+        self.trace.clear()
+
+    def _add(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._live:
+            return
+        n_bytes = rounded_bytes(storage.nbytes(), self.block_bytes)
+        self._live[key] = n_bytes
+        self.live_bytes += n_bytes
+        weakref.finalize(storage, self._release, key)
+
+    def _release(self, key: int) -> None:
+        self.live_bytes -= self._live.pop(key, 0)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for item in tree_flatten(out)[0]:
+            if isinstance(item, torch.Tensor):
+                self._add(item)
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+        if self.record_trace:
+            self.trace.append(TraceEvent(str(func), self.live_bytes, self.current_module))
+        return out
