@@ -178,7 +178,10 @@ def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: Precisi
                              params=head_params, owns_params=not tied), (x,))
     if g.output(logits).dtype.n_bytes != 4:
         logits = g.simple("logits_cast", OpKind.CAST, None, logits)
-    g.simple("loss", OpKind.CROSS_ENTROPY, None, logits)
+    loss = g.simple("loss", OpKind.CROSS_ENTROPY, None, logits)
+    for shared in (rope, mask):  # locals of Transformer.forward: alive for the whole forward
+        if shared is not None:
+            g.held_until[shared] = loss
     return LayerGraph(model=m, batch=batch, seq_len=seq_len, precision=precision, graph=g.graph,
                       order=tuple(g.order), held_until=g.held_until)
 

@@ -92,6 +92,7 @@ class Timeline:
     activations_bytes: int  # saved for backward at the end of one micro-batch's forward, logits excluded
     logits_bytes: int  # logits-family tensors alive at the end of one micro-batch's forward
     recompute_flops: float  # forward FLOPs re-run by checkpointing, per micro-batch
+    recomputed_ops: frozenset[str]  # ops whose forward runs again in backward
     trace: tuple[tuple[Phase, str, int], ...] = ()
 
 
@@ -159,6 +160,7 @@ class _Walk:
         self.next_buffer = 0
         self.param_grads_seen: set[str] = set()
         self.recompute_flops = 0.0
+        self.recomputed: list[int] = []
         self.unit_members: dict[int, list[int]] = {}
         for i, u in enumerate(self.unit):
             if u is not None:
@@ -220,6 +222,7 @@ class _Walk:
             self._hold(i, self._backward_users(i, unit))
             if phase is Phase.RECOMPUTE:
                 self.recompute_flops += cost.fwd_flops
+                self.recomputed.append(i)
             for t in p.users_by_op[i]:
                 if t in pending:
                     pending[t] -= 1
@@ -275,6 +278,15 @@ class _Walk:
     def _grad_category(self, t: int) -> Category:
         return Category.LOGITS if self.p.category[t] is Category.LOGITS else Category.TEMPORARIES
 
+    def _param_grads(self, i: int, momentary: dict[Category, int]) -> None:
+        """Parameter grads of op i: allocated on first sight, else a transient added in place."""
+        for name, n_bytes in self.p.params[i]:
+            if self.grads_exist or name in self.param_grads_seen:
+                momentary[Category.TEMPORARIES] += n_bytes
+            else:
+                self.param_grads_seen.add(name)
+                self.live.add(Category.GRADS, n_bytes)
+
     def backward(self) -> None:
         p, live = self.p, self.live
         n = len(p.nodes)
@@ -300,13 +312,15 @@ class _Walk:
                             self.grad_buffer[t] = self._new_buffer(p.out_bytes[t], self._grad_category(t))
                     elif not aliases:
                         momentary[self._grad_category(t)] += p.out_bytes[t]  # accumulated into the buffer
-                for name, n_bytes in p.params[i]:
-                    if self.grads_exist or name in self.param_grads_seen:
-                        momentary[Category.TEMPORARIES] += n_bytes  # computed, then added in place
-                    else:
-                        self.param_grads_seen.add(name)
-                        live.add(Category.GRADS, n_bytes)
+                # under autocast the weight grad is computed in low precision (part of the
+                # transient) and cast to the fp32 .grad afterwards, once the op has released
+                # what it saved (ToCopyBackward runs after the matmul's backward node)
+                cast_later = bool(p.copies[i])
+                if not cast_later:
+                    self._param_grads(i, momentary)
                 live.observe(Phase.BACKWARD, op.spec.name, momentary)
+            else:
+                cast_later = False
             self._drop_buffer(self.grad_buffer[i])
             self.grad_buffer[i] = None
             for t in self.release[i]:
@@ -320,6 +334,10 @@ class _Walk:
             if self.copies_alive[i]:
                 self.copies_alive[i] = False
                 live.add(Category.TEMPORARIES, -p.copies[i])
+            if cast_later:
+                momentary = {Category.TEMPORARIES: p.copies[i]}  # the low-precision weight grad
+                self._param_grads(i, momentary)
+                live.observe(Phase.BACKWARD, op.spec.name, momentary)
         self._free_tensor(n - 1)
         for key in list(self.buffers):
             self._drop_buffer(key)
@@ -372,12 +390,14 @@ def simulate_step(
     live.observe(Phase.FORWARD, "start")
     activations = logits = 0
     recompute = 0.0
+    recomputed: frozenset[str] = frozenset()
     for micro_batch in range(min(grad_accum_steps, 2)):  # later micro-batches repeat the second
         live.micro_batch = micro_batch
         walk = _Walk(prep, units, live, grads_exist=micro_batch > 0)
         activations, logits = walk.forward()
         walk.backward()
         recompute = walk.recompute_flops
+        recomputed = frozenset(graph.order[i] for i in walk.recomputed)
         if micro_batch == 0:
             live.by_category[Category.GRADS] = 0
             live.total = sum(live.by_category.values())
@@ -389,5 +409,6 @@ def simulate_step(
         activations_bytes=activations,
         logits_bytes=logits,
         recompute_flops=recompute,
+        recomputed_ops=recomputed,
         trace=tuple(live.trace or ()),
     )

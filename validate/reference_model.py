@@ -100,7 +100,11 @@ class AttentionCore(nn.Module):
                 v = repeat(v, "b k t h -> b (k g) t h", g=self.groups)
             scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale
             scores = scores.masked_fill(mask, float("-inf"))
-            scores = torch.softmax(scores, dim=-1)
+            if torch.is_autocast_enabled(q.device.type):
+                # CUDA autocast runs softmax in fp32 (CPU autocast does not): do it explicitly
+                scores = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            else:
+                scores = torch.softmax(scores, dim=-1)
             if p_drop > 0:
                 scores = torch.native_dropout(scores, p_drop, True)[0]
             out = torch.matmul(scores, v)
@@ -119,16 +123,23 @@ class Attention(nn.Module):
         self.core = AttentionCore(config)
         self.o_proj = nn.Linear(n * h, d, bias=bool(config.attn_out_bias))
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, N, T, H), k and v (B, K, T, H), with rotary applied to q and k."""
         split = "b t (n h) -> b n t h"
         q = rearrange(self.q_proj(x), split, h=self.head_dim)
         k = rearrange(self.k_proj(x), split, h=self.head_dim)
         v = rearrange(self.v_proj(x), split, h=self.head_dim)
         if self.rotary is not None and rope is not None:
             q, k = self.rotary(q, k, *rope)
-        return self.o_proj(self.core(q, k, v, mask))
+        return q, k, v
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        # q, k, v go straight into the core: no local keeps them alive during o_proj
+        return self.o_proj(self.core(*self.project(x, rope), mask))
 
 
 class Mlp(nn.Module):

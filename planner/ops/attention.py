@@ -92,8 +92,9 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     ``matmul`` folds (B, N) into a bmm batch, copying q, k and v into contiguous (B*N, T, H)
     operands (they are strided views of the projections) and saving the copies: 3 x B*N*T*H.
     Saved T x T tensors: the softmax output and, with dropout, its bool mask and the dropped
-    probabilities (Korthikanti's 5as^2b bytes in 16-bit). Under autocast softmax runs in fp32 and
-    the probabilities are cast back for the second matmul (fp32 probs + bf16 copy saved).
+    probabilities (Korthikanti's 5as^2b bytes in 16-bit). Under autocast softmax runs in fp32
+    (CUDA autocast's fp32 list; the reference model asks for it explicitly so CPU agrees) and
+    the probabilities are cast back for the second matmul: fp32 probs + a low-precision copy saved.
     The heads are merged with a copy (B, T, N*H), saved by ``o_proj``. The shared causal mask is
     saved by ``masked_fill``.
     """
@@ -112,21 +113,23 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     seq = AllocSequence().alloc(2 * operand).alloc(s_bytes).alloc(s_bytes).free(s_bytes)  # q k^T, * s
     seq.alloc(s_bytes).free(s_bytes)  # masked_fill
     if low is not None:
-        seq.alloc(p_bytes)  # fp32 cast of the scores for softmax
-    seq.alloc(p_bytes).free(s_bytes)  # softmax output (saved)
-    if low is not None:
-        seq.free(p_bytes)
-    extras.append(p_bytes)
+        # softmax(dtype=fp32) on bf16 copies the scores to fp32 first (ATen fuses the cast only
+        # for CUDA fp16), then the masked scores and the copy die
+        seq.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(s_bytes)
+        seq.alloc(s_bytes)  # low-precision copy of the probs
+        extras.append(p_bytes)  # softmax saves its fp32 output
+        probs = s_bytes
+    else:
+        seq.alloc(p_bytes).free(s_bytes)  # softmax output
+        extras.append(p_bytes)  # saved by softmax (and by the matmul when there is no dropout)
+        probs = p_bytes
     if drop:
-        seq.alloc(scores).alloc(p_bytes)  # mask, dropped probabilities
-        extras.append(scores)
-    if low is not None:
-        seq.alloc(s_bytes)  # low-precision copy for the second matmul (saved)
-        extras.append(s_bytes)
-        if drop:
-            seq.free(p_bytes)  # fp32 dropped probs: nothing saves them
-    elif drop:
-        extras.append(p_bytes)
+        seq.alloc(scores).alloc(probs)  # bool mask, dropped probabilities (saved by the matmul)
+        extras += [scores, probs]
+        if low is not None:
+            seq.free(probs)  # the low-precision probs: only dropout read them
+    elif low is not None:
+        extras.append(probs)  # the matmul saves the low-precision probs
     seq.alloc(operand).alloc(operand).alloc(operand)  # v copy (saved), p v, head merge copy
     extras.append(operand)
     out = TensorInfo(numel=bnt * h, dtype=dtype)
@@ -135,16 +138,12 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     bare = AllocSequence().alloc(2 * operand).alloc(s_bytes).free(2 * operand)  # q k^T; copies die
     bare.alloc(s_bytes).free(s_bytes).alloc(s_bytes).free(s_bytes)  # * scale, masked_fill
     if low is not None:
-        bare.alloc(p_bytes).free(s_bytes).alloc(p_bytes).free(p_bytes)  # fp32 cast, softmax
+        bare.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(s_bytes).alloc(s_bytes).free(p_bytes)
     else:
         bare.alloc(p_bytes).free(s_bytes)  # softmax
-    p_live = p_bytes
     if drop:
-        bare.alloc(scores).alloc(p_bytes).free(scores).free(p_bytes)  # dropout: mask dies, probs die
-    if low is not None:
-        bare.alloc(s_bytes).free(p_live)
-        p_live = s_bytes
-    bare.alloc(operand).alloc(operand).free(operand + p_live).alloc(out.n_bytes)  # v copy, p v, merge
+        bare.alloc(scores).alloc(probs).free(scores).free(probs)  # mask dies; the input probs die
+    bare.alloc(operand).alloc(operand).free(operand + probs).alloc(out.n_bytes).free(operand)  # v, p v, merge
     flops = _attention_flops(spec, ctx)
     io_bytes = sum(t.n_bytes for t in qkv) + out.n_bytes
     n_tt = 3 if drop else 1
@@ -161,5 +160,7 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         saved_extra_bytes=tuple(extras),
         fwd_transient_bytes=seq.transient_over(final),
         unsaved_fwd_transient_bytes=bare.transient_over(out.n_bytes),
-        bwd_transient_bytes=2 * p_bytes + operand,
+        # grad of the head merge, then the probs grad and the softmax grad coexist (under autocast
+        # both are fp32 while the low-precision probs grad has already been freed)
+        bwd_transient_bytes=max(operand, p_bytes) + s_bytes,
     )

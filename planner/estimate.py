@@ -1,0 +1,163 @@
+"""``estimate``: the exact account of one configuration — FLOPs, memory timeline, step time.
+
+FLOPs convention (README): ``model_flops_per_step`` counts every matmul and attention product
+as ``torch.utils.flop_counter.FlopCounterMode`` does (2 per multiply-add, the full T x T
+scores, backward = 2 x forward) and excludes recomputation; ``hardware_flops_per_step`` adds
+the forward FLOPs that activation checkpointing runs again. MFU = model FLOPs / (step time x
+dense peak of the plan's matmul precision x GPUs) (PaLM, Chowdhery et al. 2022, appendix B).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import BaseModel, ConfigDict
+
+from hardware.profile import HardwareProfile
+from hardware.roofline import Bound
+from planner.config import ModelConfig, TrainConfig
+from planner.errors import ConfigError, UnsupportedPrecisionError
+from planner.graph import LayerGraph, build_graph
+from planner.knobs import Knobs
+from planner.memory import Category, Phase, checkpoint_units, simulate_step, static_memory
+from planner.optimizer import optimizer_spec
+from planner.precision import PrecisionSpec, precision_spec
+from planner.timing import OpRoofline, TimeBreakdown, op_roofline, optimizer_time_s, step_time
+
+
+class MemoryBreakdown(BaseModel):
+    """Memory of one steady-state step on one GPU."""
+
+    model_config = ConfigDict(frozen=True)
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int  # saved for backward at the end of one micro-batch's forward, logits excluded
+    logits_bytes: int  # logits-family tensors alive at the end of one micro-batch's forward
+    data_bytes: int
+    peak_allocated_bytes: int  # what torch.cuda.max_memory_allocated() would read
+    device_bytes: int  # peak x fragmentation allowance + runtime reserve: checked against the cap
+    hbm_cap_bytes: int
+    fits: bool
+    peak_phase: Phase
+    peak_op: str
+    peak_micro_batch: int
+    at_peak: dict[Category, int]  # what is live at the peak, by category (sums to the peak)
+
+
+class Estimate(BaseModel):
+    """Predicted figures for one (model, workload, hardware, knobs)."""
+
+    model_config = ConfigDict(frozen=True)
+    knobs: Knobs
+    hardware: str
+    n_params: int
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+    ops: tuple[OpRoofline, ...]
+    limiting_bound: Bound
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+
+def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> PrecisionSpec:
+    """Reject knobs that cannot describe this workload on this device; return the precision spec."""
+    if knobs.sequences_per_step != training.global_batch_size:
+        raise ConfigError(
+            f"knobs: micro_batch_size {knobs.micro_batch_size} x grad_accum_steps {knobs.grad_accum_steps} x "
+            f"data_parallel {knobs.data_parallel} = {knobs.sequences_per_step} sequences, but "
+            f"training.global_batch_size is {training.global_batch_size}; choose a micro-batch that divides it"
+        )
+    if knobs.data_parallel > 1 or knobs.zero_stage:
+        raise ConfigError("knobs: data_parallel > 1 and zero_stage are not supported yet; plan for one GPU")
+    outside = [b for b in knobs.checkpointed if b >= model.n_layers]
+    if outside:
+        raise ConfigError(
+            f"knobs.checkpoint_blocks: block {outside[0]} does not exist; the model has blocks 0..{model.n_layers - 1}"
+        )
+    spec = precision_spec(knobs.precision)
+    if not hw.supports(spec.matmul_precision):
+        runs = ", ".join(p.value for p in hw.precisions)
+        raise UnsupportedPrecisionError(
+            f"precision: {knobs.precision.value} needs {spec.matmul_precision.value} matmuls, which {hw.name} "
+            f"does not run (it runs {runs})"
+        )
+    return spec
+
+
+@lru_cache(maxsize=64)
+def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSpec) -> LayerGraph:
+    return build_graph(model, batch, seq_len, spec)
+
+
+def estimate(
+    model: ModelConfig,
+    training: TrainConfig,
+    hw: HardwareProfile,
+    knobs: Knobs,
+    hbm_cap_bytes: int | None = None,
+) -> Estimate:
+    """Everything about one configuration: its memory timeline, FLOPs and roofline step time."""
+    spec = check_knobs(model, training, hw, knobs)
+    graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
+    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
+    static = static_memory(
+        graph,
+        hw.round_alloc,
+        opt.state_tensors_per_param,
+        opt.step_temporaries_per_param,
+        opt.device_step_scalar,
+        data_sequences=knobs.micro_batch_size * knobs.grad_accum_steps,
+    )
+    units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
+    timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.grad_accum_steps)
+    ops = tuple(op_roofline(op, spec.matmul_precision, hw) for op in graph.nodes)
+    time = step_time(ops, timeline.recomputed_ops, knobs.grad_accum_steps, optimizer_time_s(graph, opt, hw))
+
+    per_micro_flops = sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)
+    micro_batches = knobs.grad_accum_steps * knobs.data_parallel
+    model_flops = per_micro_flops * micro_batches
+    hardware_flops = model_flops + timeline.recompute_flops * micro_batches
+    peak_flops = hw.peak_flops_per_s[spec.matmul_precision] * knobs.data_parallel
+    cap = hbm_cap_bytes if hbm_cap_bytes is not None else hw.hbm_bytes
+    peak = timeline.peak.bytes
+    device = int(peak * hw.fragmentation_factor) + hw.runtime_reserve_bytes
+    memory = MemoryBreakdown(
+        params_bytes=static.params_bytes,
+        grads_bytes=static.grads_bytes,
+        optimizer_bytes=static.optimizer_bytes,
+        activations_bytes=timeline.activations_bytes,
+        logits_bytes=timeline.logits_bytes,
+        data_bytes=static.data_bytes,
+        peak_allocated_bytes=peak,
+        device_bytes=device,
+        hbm_cap_bytes=cap,
+        fits=device <= cap,
+        peak_phase=timeline.peak.phase,
+        peak_op=timeline.peak.op,
+        peak_micro_batch=timeline.peak.micro_batch,
+        at_peak=timeline.peak.breakdown,
+    )
+    compute_s = sum(op.fwd_time_s + op.bwd_time_s for op in ops if op.bound is Bound.COMPUTE)
+    memory_s = sum(op.fwd_time_s + op.bwd_time_s for op in ops if op.bound is Bound.MEMORY) + time.optimizer_s
+    return Estimate(
+        knobs=knobs,
+        hardware=hw.name,
+        n_params=graph.n_params,
+        step_time_s=time.step_time_s,
+        tokens_per_s=training.tokens_per_step / time.step_time_s,
+        mfu=model_flops / (time.step_time_s * peak_flops),
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hardware_flops,
+        time=time,
+        memory=memory,
+        ops=ops,
+        limiting_bound=Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY,
+    )

@@ -1,0 +1,61 @@
+"""Knobs: the choices a plan fixes (micro-batch, accumulation, precision, checkpointing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+from planner.precision import PrecisionPolicy
+
+
+class Knobs(BaseModel):
+    """One training configuration for a given model and workload.
+
+    ``checkpoint_blocks`` are checkpointed one block per unit; ``checkpoint_segments`` are
+    (first, last) runs of consecutive blocks checkpointed as one unit (Chen et al. 2016): only
+    the segment's input is kept and the whole segment is rebuilt before its backward.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    micro_batch_size: PositiveInt = Field(description="sequences per forward/backward on one GPU")
+    grad_accum_steps: PositiveInt = Field(default=1, description="micro-batches per optimizer step")
+    precision: PrecisionPolicy = PrecisionPolicy.BF16_MIXED
+    checkpoint_blocks: tuple[int, ...] = Field(default=(), description="blocks checkpointed one by one")
+    checkpoint_segments: tuple[tuple[int, int], ...] = Field(default=(), description="(first, last) segments")
+    data_parallel: PositiveInt = 1
+    zero_stage: int = Field(default=0, ge=0, le=3)
+
+    @field_validator("checkpoint_blocks", mode="before")
+    @classmethod
+    def _sorted_unique(cls, value: Any) -> Any:
+        if isinstance(value, (set, frozenset, list, tuple)):
+            return tuple(sorted(set(value)))
+        return value
+
+    @model_validator(mode="after")
+    def _segments_well_formed(self) -> Knobs:
+        covered: set[int] = set()
+        for first, last in self.checkpoint_segments:
+            if first > last or first < 0:
+                raise ValueError(f"checkpoint segment ({first}, {last}) must satisfy 0 <= first <= last")
+            span = set(range(first, last + 1))
+            if span & covered or span & set(self.checkpoint_blocks):
+                raise ValueError(f"checkpoint segment ({first}, {last}) overlaps another checkpoint unit")
+            covered |= span
+        if any(b < 0 for b in self.checkpoint_blocks):
+            raise ValueError("checkpoint_blocks must be non-negative block indices")
+        return self
+
+    @property
+    def checkpointed(self) -> frozenset[int]:
+        """Every checkpointed block, whatever its unit."""
+        blocks = set(self.checkpoint_blocks)
+        for first, last in self.checkpoint_segments:
+            blocks.update(range(first, last + 1))
+        return frozenset(blocks)
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.data_parallel

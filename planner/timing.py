@@ -1,0 +1,115 @@
+"""Step time from the roofline (DESIGN.md "Time model").
+
+Per op: ``max(flops / (peak * eff_compute), bytes / (bw * eff_memory)) + launches``, forward and
+backward separately; a step is ``grad_accum_steps x (forward + backward + recompute)`` plus the
+optimizer step (memory-bound: it streams parameters, gradients and state). The lower bound is
+the same sum with ideal peaks and no launch overhead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict
+
+from hardware.dtypes import ComputePrecision
+from hardware.profile import HardwareProfile
+from hardware.roofline import Bound, op_time
+from planner.graph import GraphNode, LayerGraph
+from planner.optimizer import OptimizerSpec
+
+# torch's multi_tensor_apply launches one kernel per chunk of at most 36 tensors when four
+# tensor lists are passed (aten/src/ATen/native/cuda/MultiTensorApply.cuh depth_to_max_tensors).
+_TENSORS_PER_FOREACH_LAUNCH = 36
+
+
+class OpRoofline(BaseModel):
+    """One op's roofline, per micro-batch."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    kind: str
+    block: int | None
+    fwd_flops: float
+    bwd_flops: float
+    fwd_bytes: float
+    bwd_bytes: float
+    intensity_flops_per_byte: float
+    bound: Bound
+    fwd_time_s: float
+    bwd_time_s: float
+    lower_bound_s: float
+
+    @property
+    def time_s(self) -> float:
+        return self.fwd_time_s + self.bwd_time_s
+
+
+class TimeBreakdown(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    optimizer_s: float
+    communication_s: float = 0.0
+    step_time_s: float
+    lower_bound_s: float
+
+
+def op_roofline(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile) -> OpRoofline:
+    cost = op.cost
+    compute = precision if cost.matmul else ComputePrecision.FP32
+    fwd = op_time(cost.fwd_exec, cost.fwd_bytes_moved, compute, hw, cost.fwd_kernels)
+    bwd_flops = cost.bwd_exec if cost.has_backward else 0.0
+    bwd_bytes = cost.bwd_bytes_moved if cost.has_backward else 0.0
+    bwd = op_time(bwd_flops, bwd_bytes, compute, hw, cost.bwd_kernels if cost.has_backward else 0)
+    total_flops = cost.fwd_exec + bwd_flops
+    total_bytes = cost.fwd_bytes_moved + bwd_bytes
+    return OpRoofline(
+        name=op.spec.name,
+        kind=op.spec.kind.value,
+        block=op.spec.block,
+        fwd_flops=cost.fwd_flops,
+        bwd_flops=cost.bwd_flops if cost.has_backward else 0.0,
+        fwd_bytes=cost.fwd_bytes_moved,
+        bwd_bytes=bwd_bytes,
+        intensity_flops_per_byte=total_flops / total_bytes if total_bytes else math.inf,
+        bound=Bound.COMPUTE if fwd.compute_time_s + bwd.compute_time_s >= fwd.memory_time_s + bwd.memory_time_s else Bound.MEMORY,
+        fwd_time_s=fwd.time_s,
+        bwd_time_s=bwd.time_s,
+        lower_bound_s=fwd.lower_bound_s + bwd.lower_bound_s,
+    )
+
+
+def optimizer_time_s(
+    graph: LayerGraph, optimizer: OptimizerSpec, hw: HardwareProfile, shard_fraction: float = 1.0
+) -> tuple[float, float]:
+    """(estimate, lower bound) of one optimizer step: memory-bound streaming of its state."""
+    elements = graph.n_params * shard_fraction
+    n_bytes = optimizer.traffic_elements_per_param * elements * graph.precision.param_dtype.n_bytes
+    launches = optimizer.kernels_per_tensor_list * max(
+        1, math.ceil(len(graph.param_tensors) / _TENSORS_PER_FOREACH_LAUNCH)
+    )
+    timing = op_time(0.0, n_bytes, ComputePrecision.FP32, hw, launches)
+    return timing.time_s, timing.lower_bound_s
+
+
+def step_time(
+    ops: tuple[OpRoofline, ...],
+    recomputed: frozenset[str],
+    grad_accum_steps: int,
+    optimizer_s: tuple[float, float],
+) -> TimeBreakdown:
+    forward = sum(op.fwd_time_s for op in ops)
+    backward = sum(op.bwd_time_s for op in ops)
+    recompute = sum(op.fwd_time_s for op in ops if op.name in recomputed)
+    lower = sum(op.lower_bound_s for op in ops)  # recomputation is not required work: not in the bound
+    n = grad_accum_steps
+    return TimeBreakdown(
+        forward_s=n * forward,
+        backward_s=n * backward,
+        recompute_s=n * recompute,
+        optimizer_s=optimizer_s[0],
+        step_time_s=n * (forward + backward + recompute) + optimizer_s[0],
+        lower_bound_s=n * lower + optimizer_s[1],
+    )
