@@ -243,8 +243,10 @@ class _Walk:
 
     # --- backward ---------------------------------------------------------------------------
     def _recompute(self, u: int) -> None:
-        """Non-reentrant checkpoint: re-run the unit's forward up to its last op that saves
-        anything (torch stops early once every saved tensor is rebuilt)."""
+        """Non-reentrant checkpoint: re-run the unit's forward until every tensor it saved is
+        rebuilt (torch raises a stop once the last one is packed). Autograd packs a matmul's
+        saved inputs before running it, so a unit ending in a matmul stops short of its kernel:
+        only its saves (and any autocast casts, made before the kernel) happen."""
         p = self.p
         members = self.unit_members[u]
         last = 0
@@ -252,7 +254,20 @@ class _Walk:
             cost = p.nodes[i].cost
             if cost.saves_output or any(cost.saves_inputs) or p.extras[i] or p.copies[i]:
                 last = position
-        self._run_forward(members[: last + 1], Phase.RECOMPUTE, u)
+        final = members[last]
+        if not p.nodes[final].cost.saves_before_compute:
+            self._run_forward(members[: last + 1], Phase.RECOMPUTE, u)
+            return
+        self._run_forward(members[:last], Phase.RECOMPUTE, u)
+        if p.copies[final]:
+            self.live.add(Category.TEMPORARIES, p.copies[final])
+            self.copies_alive[final] = True
+        self.live.add(p.category[final], p.extras[final])
+        self.extras_alive[final] = True
+        self.live.observe(Phase.RECOMPUTE, p.nodes[final].spec.name)
+        for slot, t in enumerate(p.inputs[final]):
+            if p.nodes[final].cost.saves_input(slot):
+                self._hold(t, {final})
 
     def _new_buffer(self, n_bytes: int, category: Category) -> int:
         self.next_buffer += 1

@@ -192,8 +192,29 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        # Blocks to run under torch.utils.checkpoint (non-reentrant); set by the plan.
-        self.checkpoint_blocks: frozenset[int] = frozenset()
+        # Checkpoint units (first, last): blocks first..last run under one non-reentrant
+        # torch.utils.checkpoint; set by the plan (see ``set_checkpointing``).
+        self.checkpoint_units: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def checkpoint_blocks(self) -> frozenset[int]:
+        return frozenset(b for first, last in self.checkpoint_units for b in range(first, last + 1))
+
+    @checkpoint_blocks.setter
+    def checkpoint_blocks(self, blocks: frozenset[int]) -> None:
+        self.set_checkpointing(blocks, ())
+
+    def set_checkpointing(self, blocks: frozenset[int] | tuple[int, ...], segments: tuple[tuple[int, int], ...]) -> None:
+        """Checkpoint each of ``blocks`` alone and each (first, last) segment as one unit."""
+        self.checkpoint_units = tuple(sorted({(b, b) for b in blocks} | set(segments)))
+
+    def _run_blocks(
+        self, first: int, last: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        for index in range(first, last + 1):
+            x = self.blocks[index](x, rope, mask)
+        return x
 
     def rope_tables(self, seq_len: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of shape (T, H), built once per forward in fp32 and cast to the activations' dtype."""
@@ -214,11 +235,16 @@ class Transformer(nn.Module):
         mask = None
         if self.config.attention is AttentionImpl.EAGER:
             mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).triu(1)
-        for index, block in enumerate(self.blocks):
-            if index in self.checkpoint_blocks:
-                x = torch.utils.checkpoint.checkpoint(block, x, rope, mask, use_reentrant=False)
+        units = {first: last for first, last in self.checkpoint_units}
+        index = 0
+        while index < len(self.blocks):
+            if index in units:
+                last = units[index]
+                x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, mask, use_reentrant=False)
+                index = last + 1
             else:
-                x = block(x, rope, mask)
+                x = self.blocks[index](x, rope, mask)
+                index += 1
         # one expression: the low-precision logits are freed as soon as their fp32 copy exists
         return F.cross_entropy(self.lm_head(self.final_norm(x)).float().flatten(0, 1), targets.flatten())
 

@@ -122,6 +122,9 @@ class LayerCost(BaseModel):
     param_numel: int = 0
     param_dtype: DType = DType.FP32
     has_backward: bool = True
+    # everything the op saves exists before its kernel runs (a matmul saves its inputs, not its
+    # output): a checkpoint recompute that ends on this op stops before running it
+    saves_before_compute: bool = False
 
     def saves_input(self, position: int) -> bool:
         return position < len(self.saves_inputs) and self.saves_inputs[position]

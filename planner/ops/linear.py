@@ -56,4 +56,5 @@ def linear_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         bwd_transient_bytes=bwd_transient,
         param_numel=weight_numel if spec.owns_params else 0,
         param_dtype=param_dtype,
+        saves_before_compute=True,
     )
