@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
@@ -22,7 +22,7 @@ from planner.knobs import Knobs
 from planner.memory import Category, Phase, checkpoint_units, simulate_step, static_memory
 from planner.optimizer import optimizer_spec
 from planner.precision import PrecisionSpec, precision_spec
-from planner.timing import OpRoofline, TimeBreakdown, op_roofline, optimizer_time_s, step_time
+from planner.timing import OpGroup, OpRoofline, TimeBreakdown, group_ops, op_roofline, optimizer_time_s, step_time
 
 
 class MemoryBreakdown(BaseModel):
@@ -49,7 +49,6 @@ class Estimate(BaseModel):
     """Predicted figures for one (model, workload, hardware, knobs)."""
 
     model_config = ConfigDict(frozen=True)
-    knobs: Knobs
     hardware: str
     n_params: int
     step_time_s: float
@@ -59,8 +58,9 @@ class Estimate(BaseModel):
     hardware_flops_per_step: float
     time: TimeBreakdown
     memory: MemoryBreakdown
-    ops: tuple[OpRoofline, ...]
+    op_groups: tuple[OpGroup, ...]  # the per-op roofline summed over blocks, slowest first
     limiting_bound: Bound
+    ops: tuple[OpRoofline, ...] = Field(default=(), exclude=True, repr=False)  # every op, per micro-batch
 
     @property
     def fits(self) -> bool:
@@ -148,7 +148,6 @@ def estimate(
     compute_s = sum(op.fwd_time_s + op.bwd_time_s for op in ops if op.bound is Bound.COMPUTE)
     memory_s = sum(op.fwd_time_s + op.bwd_time_s for op in ops if op.bound is Bound.MEMORY) + time.optimizer_s
     return Estimate(
-        knobs=knobs,
         hardware=hw.name,
         n_params=graph.n_params,
         step_time_s=time.step_time_s,
@@ -159,5 +158,6 @@ def estimate(
         time=time,
         memory=memory,
         ops=ops,
+        op_groups=group_ops(ops, knobs.grad_accum_steps),
         limiting_bound=Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY,
     )

@@ -59,3 +59,32 @@ class Knobs(BaseModel):
     @property
     def sequences_per_step(self) -> int:
         return self.micro_batch_size * self.grad_accum_steps * self.data_parallel
+
+
+def parse_checkpoint_spec(text: str, n_layers: int) -> tuple[int, ...]:
+    """``none`` | ``all`` | ``0,2,5-9`` -> sorted block indices; errors name ``--checkpoint``."""
+    from planner.errors import ConfigError
+
+    value = text.strip().lower()
+    if value in ("", "none"):
+        return ()
+    if value == "all":
+        return tuple(range(n_layers))
+    blocks: set[int] = set()
+    for part in value.split(","):
+        bounds = part.strip().split("-")
+        try:
+            numbers = [int(b) for b in bounds]
+        except ValueError:
+            raise ConfigError(
+                f"--checkpoint: cannot read {part.strip()!r}; use none, all, or block indices like 0,2,5-9"
+            ) from None
+        if len(numbers) == 1:
+            numbers = numbers * 2
+        if len(numbers) != 2 or numbers[0] > numbers[1]:
+            raise ConfigError(f"--checkpoint: {part.strip()!r} is not an index or a range first-last")
+        blocks.update(range(numbers[0], numbers[1] + 1))
+    outside = sorted(b for b in blocks if b >= n_layers)
+    if outside:
+        raise ConfigError(f"--checkpoint: block {outside[0]} does not exist; the model has blocks 0..{n_layers - 1}")
+    return tuple(sorted(blocks))

@@ -45,6 +45,54 @@ class OpRoofline(BaseModel):
         return self.fwd_time_s + self.bwd_time_s
 
 
+class OpGroup(BaseModel):
+    """One op type summed over the blocks and micro-batches of a step (``attn.q_proj`` x L)."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    kind: str
+    count: int
+    flops: float
+    bytes_moved: float
+    intensity_flops_per_byte: float
+    bound: Bound
+    time_s: float
+    lower_bound_s: float
+
+
+def group_key(name: str) -> str:
+    """``blocks.3.attn.q_proj`` -> ``attn.q_proj``; model-level ops keep their name."""
+    parts = name.split(".")
+    return ".".join(parts[2:]) if parts[0] == "blocks" and len(parts) > 2 else name
+
+
+def group_ops(ops: tuple[OpRoofline, ...], grad_accum_steps: int) -> tuple[OpGroup, ...]:
+    """Sum the per-op roofline by op type over a whole step; slowest first."""
+    groups: dict[str, list[OpRoofline]] = {}
+    for op in ops:
+        groups.setdefault(group_key(op.name), []).append(op)
+    out = []
+    for key, members in groups.items():
+        flops = grad_accum_steps * sum(o.fwd_flops + o.bwd_flops for o in members)
+        n_bytes = grad_accum_steps * sum(o.fwd_bytes + o.bwd_bytes for o in members)
+        time_s = grad_accum_steps * sum(o.time_s for o in members)
+        compute = sum(o.time_s for o in members if o.bound is Bound.COMPUTE)
+        out.append(
+            OpGroup(
+                name=key,
+                kind=members[0].kind,
+                count=len(members),
+                flops=flops,
+                bytes_moved=n_bytes,
+                intensity_flops_per_byte=flops / n_bytes if n_bytes else math.inf,
+                bound=Bound.COMPUTE if compute * grad_accum_steps >= time_s / 2 else Bound.MEMORY,
+                time_s=time_s,
+                lower_bound_s=grad_accum_steps * sum(o.lower_bound_s for o in members),
+            )
+        )
+    return tuple(sorted(out, key=lambda g: g.time_s, reverse=True))
+
+
 class TimeBreakdown(BaseModel):
     model_config = ConfigDict(frozen=True)
     forward_s: float

@@ -1,0 +1,91 @@
+"""``hardware``: list and show the bundled device profiles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from hardware.errors import PlannerError
+from hardware.registry import DEFAULT_HARDWARE, bundled_names, load_hardware
+from hardware.units import format_bytes
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hardware", description="Device profiles used by `plan --hardware`.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    listing = commands.add_parser("list", help="one line per bundled profile")
+    listing.add_argument("--json", action="store_true")
+    show = commands.add_parser("show", help="every field of one profile, with its sources")
+    show.add_argument("name", help="bundled name or path to a profile YAML")
+    show.add_argument("--json", action="store_true")
+    return parser
+
+
+def _list(as_json: bool) -> None:
+    profiles = [load_hardware(name) for name in bundled_names()]
+    if as_json:
+        print(json.dumps([p.model_dump(mode="json") for p in profiles], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Hardware profiles (default {DEFAULT_HARDWARE}; dense peaks, no sparsity)")
+    for column in ("name", "memory", "bandwidth", "bf16 TFLOP/s", "fp8 TFLOP/s", "description"):
+        table.add_column(column, justify="left" if column in ("name", "description") else "right")
+    for p in profiles:
+        peaks = {k.value: v for k, v in p.peak_flops_per_s.items()}
+        table.add_row(
+            p.name,
+            format_bytes(p.hbm_bytes),
+            f"{p.hbm_bandwidth_bytes_per_s / 1e12:.2f} TB/s",
+            f"{peaks['bf16'] / 1e12:.1f}" if "bf16" in peaks else "-",
+            f"{peaks['fp8'] / 1e12:.1f}" if "fp8" in peaks else "-",
+            p.description,
+        )
+    Console().print(table)
+
+
+def _show(name: str, as_json: bool) -> None:
+    profile = load_hardware(name)
+    data = profile.model_dump(mode="json")
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{profile.name}: {profile.description}", show_header=False)
+    for key, value in data.items():
+        if key == "sources":
+            continue
+        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+    for source in profile.sources:
+        table.add_row("source", f"{source.fields}: {source.url}")
+    table.add_row("accelerator intensity", ", ".join(
+        f"{p.value} {profile.accelerator_intensity(p):.0f} FLOP/B" for p in profile.precisions))
+    Console().print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            _list(args.json)
+        else:
+            _show(args.name, args.json)
+    except PlannerError as error:
+        print(f"hardware: error: {error}", file=sys.stderr)
+        return error.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Per-op cost formulas, one family per module, registered by op kind (``planner.ops.registry``)."""

@@ -1,0 +1,179 @@
+"""Rich rendering of a plan: a one-line verdict, then the napkin math behind every number."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from hardware.units import format_bytes, format_count
+from planner.memory import Category
+from planner.optimizer import optimizer_spec
+from planner.precision import precision_spec
+
+if TYPE_CHECKING:
+    from planner.api import PlanResult
+
+
+def _seconds(value: float) -> str:
+    if value >= 1:
+        return f"{value:.3f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.2f} ms"
+    return f"{value * 1e6:.1f} µs"
+
+
+def verdict(result: PlanResult) -> Text:
+    est = result.best.estimate
+    mem = est.memory
+    if mem.fits:
+        text = Text("FITS ", style="bold green")
+        text.append(
+            f"{format_bytes(mem.device_bytes)} of {format_bytes(mem.hbm_cap_bytes)} · "
+            f"{_seconds(est.step_time_s)}/step · {est.tokens_per_s:,.0f} tokens/s · MFU {est.mfu:.1%}"
+        )
+    else:
+        text = Text("DOES NOT FIT ", style="bold red")
+        text.append(
+            f"needs {format_bytes(mem.device_bytes)} on the device, cap {format_bytes(mem.hbm_cap_bytes)} · "
+            f"{_seconds(est.step_time_s)}/step if it fit"
+        )
+    return text
+
+
+def _title(result: PlanResult) -> Text:
+    t = result.training
+    return Text.assemble(
+        (f"{result.model.name}", "bold"),
+        f" ({format_count(result.model.n_params)} params) on ",
+        (result.hardware.name, "bold"),
+        f" · seq {t.seq_len} × global batch {t.global_batch_size} = {format_count(t.tokens_per_step)} tokens/step",
+    )
+
+
+def knobs_table(result: PlanResult) -> Table:
+    k = result.best.knobs
+    spec = precision_spec(k.precision)
+    n_layers = result.model.config.n_layers
+    table = Table(title="Configuration", show_header=False, title_justify="left")
+    table.add_row("micro-batch × accumulation", f"{k.micro_batch_size} × {k.grad_accum_steps}")
+    table.add_row(
+        "precision",
+        f"{k.precision.value}: params {spec.param_dtype.value}, grads {spec.grad_dtype.value}, "
+        f"matmuls {spec.matmul_precision.value}" + (f", autocast {spec.autocast_dtype.value}" if spec.autocast_dtype else ""),
+    )
+    blocks = sorted(k.checkpointed)
+    ckpt = "none" if not blocks else ("all" if len(blocks) == n_layers else ",".join(map(str, blocks)))
+    table.add_row("activation checkpointing", f"{len(blocks)} of {n_layers} blocks ({ckpt})")
+    t = result.training
+    table.add_row("optimizer", f"{t.optimizer.value} ({t.optimizer_impl.value})")
+    return table
+
+
+def memory_table(result: PlanResult) -> Table:
+    est = result.best.estimate
+    mem = est.memory
+    k = result.best.knobs
+    spec = precision_spec(k.precision)
+    opt = optimizer_spec(result.training.optimizer, result.training.optimizer_impl)
+    n = format_count(result.model.n_params)
+    m, t = result.model.config, result.training
+    table = Table(title="Memory (one GPU, steady-state step)", title_justify="left")
+    table.add_column("what")
+    table.add_column("napkin math")
+    table.add_column("bytes", justify="right")
+    table.add_row("parameters", f"{n} × {spec.param_bytes} B ({spec.param_dtype.value})", format_bytes(mem.params_bytes))
+    table.add_row("gradients", f"{n} × {spec.grad_bytes} B ({spec.grad_dtype.value})", format_bytes(mem.grads_bytes))
+    table.add_row(
+        "optimizer state",
+        f"{n} × {opt.state_tensors_per_param} × {spec.param_bytes} B ({t.optimizer.value})",
+        format_bytes(mem.optimizer_bytes),
+    )
+    table.add_row(
+        "activations",
+        f"saved for backward by one micro-batch of {k.micro_batch_size}×{t.seq_len} tokens",
+        format_bytes(mem.activations_bytes),
+    )
+    table.add_row(
+        "logits",
+        f"B·T·V = {k.micro_batch_size}·{t.seq_len}·{m.vocab_size} × 4 B (fp32 log-probs, end of forward)",
+        format_bytes(mem.logits_bytes),
+    )
+    at = mem.at_peak
+    parts = ", ".join(f"{c.value} {format_bytes(at[c])}" for c in Category if at.get(c))
+    table.add_row(
+        Text("peak allocated", style="bold"),
+        f"at {mem.peak_phase.value} / {mem.peak_op} (micro-batch {mem.peak_micro_batch + 1}): {parts}",
+        Text(format_bytes(mem.peak_allocated_bytes), style="bold"),
+    )
+    hw = result.hardware
+    table.add_row(
+        Text("device", style="bold"),
+        f"peak × {hw.fragmentation_factor:g} fragmentation + {format_bytes(hw.runtime_reserve_bytes, binary=True)} runtime reserve",
+        Text(format_bytes(mem.device_bytes), style="bold green" if mem.fits else "bold red"),
+    )
+    table.add_row("cap", "--hbm" if mem.hbm_cap_bytes != hw.hbm_bytes else f"{hw.name} HBM", format_bytes(mem.hbm_cap_bytes))
+    return table
+
+
+def time_table(result: PlanResult) -> Table:
+    est = result.best.estimate
+    tb = est.time
+    hw = result.hardware
+    spec = precision_spec(result.best.knobs.precision)
+    peak = hw.peak_flops_per_s[spec.matmul_precision]
+    table = Table(title="Time (roofline)", title_justify="left", show_header=False)
+    k = result.best.knobs
+    table.add_row("forward", f"{k.grad_accum_steps} × micro-batch", _seconds(tb.forward_s))
+    table.add_row("backward", "≈ 2 × forward FLOPs", _seconds(tb.backward_s))
+    table.add_row("recompute", "checkpointed blocks' forward again", _seconds(tb.recompute_s))
+    table.add_row("optimizer", "memory-bound pass over params, grads, state", _seconds(tb.optimizer_s))
+    table.add_row(Text("step", style="bold"), f"lower bound (pure roofline) {_seconds(tb.lower_bound_s)}", Text(_seconds(tb.step_time_s), style="bold"))
+    table.add_row(
+        "FLOPs",
+        f"model {est.model_flops_per_step:.3e}, hardware {est.hardware_flops_per_step:.3e} (with recompute)",
+        "",
+    )
+    table.add_row(
+        "throughput",
+        f"MFU = {est.model_flops_per_step:.3e} / ({_seconds(est.step_time_s)} × {peak / 1e12:.1f} TFLOP/s {spec.matmul_precision.value})",
+        f"{est.tokens_per_s:,.0f} tok/s · MFU {est.mfu:.1%}",
+    )
+    table.add_row("limited by", f"{est.limiting_bound.value} (time-weighted over ops)", "")
+    return table
+
+
+def ops_table(result: PlanResult, limit: int = 10) -> Table:
+    est = result.best.estimate
+    total = est.step_time_s
+    table = Table(title="Where the time goes (per step, summed over blocks)", title_justify="left")
+    for column in ("op", "×", "FLOPs", "bytes", "FLOP/B", "bound", "time", "share"):
+        table.add_column(column, justify="left" if column in ("op", "bound") else "right")
+    for group in est.op_groups[:limit]:
+        table.add_row(
+            group.name,
+            str(group.count),
+            f"{group.flops:.2e}",
+            format_bytes(group.bytes_moved),
+            f"{group.intensity_flops_per_byte:.0f}" if group.intensity_flops_per_byte != float("inf") else "∞",
+            group.bound.value,
+            _seconds(group.time_s),
+            f"{group.time_s / total:.1%}",
+        )
+    return table
+
+
+def report(result: PlanResult) -> Group:
+    return Group(_title(result), verdict(result), knobs_table(result), memory_table(result), time_table(result), ops_table(result))
+
+
+def print_report(result: PlanResult, console: Console | None = None) -> None:
+    (console or Console()).print(report(result))
+
+
+def render_html(result: PlanResult) -> str:
+    console = Console(record=True, width=120, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(report(result))
+    return console.export_html(inline_styles=True)

@@ -1,0 +1,1 @@
+"""The search over knobs (optuna). The only package that imports optuna."""

@@ -1,0 +1,99 @@
+"""Predicted peak memory vs the live-storage tracker over real PyTorch steps (fake tensors).
+
+The tracker (validate.tracker) records every storage the reference model's steady-state
+optimizer step allocates, rounded to CUDA's 512-byte blocks (REFERENCES.md, "Measuring memory
+without a GPU"). The issue's bound is 3%; the planner is built to match far closer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from hardware.registry import load_hardware  # noqa: E402
+from planner.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.estimate import estimate  # noqa: E402
+from planner.knobs import Knobs  # noqa: E402
+from planner.model_io import resolve  # noqa: E402
+from validate.simulate import simulate_step  # noqa: E402
+
+TOLERANCE = 0.03  # issue 2: within 3% of the tracker
+HW = load_hardware("h100-sxm")
+
+SMALL = ModelConfig(family="llama", name="small-llama", n_layers=4, d_model=256, n_heads=8, n_kv_heads=4,
+                    d_ff=688, vocab_size=2048, max_seq_len=512)
+SMALL_GPT2 = ModelConfig(family="gpt2", name="small-gpt2", n_layers=4, d_model=256, n_heads=4, d_ff=1024,
+                         vocab_size=2048, max_seq_len=512, attention="eager", dropout=0.1)
+PLACEMENTS = {"none": (), "early": (0, 1), "late": (2, 3), "all": (0, 1, 2, 3)}
+
+
+def _compare(model: ModelConfig, training: TrainConfig, knobs: Knobs) -> tuple[int, int]:
+    measured = simulate_step(model, training, knobs).peak_allocated_bytes
+    predicted = estimate(model, training, HW, knobs).memory.peak_allocated_bytes
+    return predicted, measured
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+@pytest.mark.parametrize("precision", ["fp32", "bf16-true", "bf16-mixed"])
+def test_small_llama_peak_matches_tracker(precision: str, placement: str, impl: str) -> None:
+    training = TrainConfig(seq_len=256, global_batch_size=8, optimizer_impl=impl)
+    knobs = Knobs(micro_batch_size=4, grad_accum_steps=2, precision=precision, checkpoint_blocks=PLACEMENTS[placement])
+    predicted, measured = _compare(SMALL, training, knobs)
+    assert predicted == pytest.approx(measured, rel=TOLERANCE)
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+@pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
+def test_gpt2_eager_dropout_peak_matches_tracker(precision: str, placement: str) -> None:
+    """Korthikanti's setting (eager attention, dropout) with GPT-2 blocks, one micro-batch."""
+    training = TrainConfig(seq_len=256, global_batch_size=4, optimizer_impl="foreach")
+    knobs = Knobs(micro_batch_size=4, precision=precision, checkpoint_blocks=PLACEMENTS[placement])
+    predicted, measured = _compare(SMALL_GPT2, training, knobs)
+    assert predicted == pytest.approx(measured, rel=TOLERANCE)
+
+
+def test_placement_matters_and_planner_agrees() -> None:
+    """Checkpointing late blocks peaks higher than early ones (their recompute runs while the
+    earlier blocks' activations are still alive); planner and tracker order them alike."""
+    training = TrainConfig(seq_len=256, global_batch_size=4, optimizer_impl="fused")
+    early = Knobs(micro_batch_size=4, precision="fp32", checkpoint_blocks=(0,))
+    late = Knobs(micro_batch_size=4, precision="fp32", checkpoint_blocks=(3,))
+    p_early, m_early = _compare(SMALL, training, early)
+    p_late, m_late = _compare(SMALL, training, late)
+    assert m_early < m_late
+    assert p_early < p_late
+    assert p_late - p_early == pytest.approx(m_late - m_early, rel=0.05)
+
+
+SEVEN_B_CASES = [
+    # (precision, optimizer impl, checkpointed blocks, micro-batch, accumulation)
+    ("fp32", "foreach", (), 1, 1),
+    ("fp32", "fused", tuple(range(0, 8)), 1, 2),
+    ("bf16-true", "foreach", tuple(range(32)), 2, 1),
+    ("bf16-true", "fused", tuple(range(24, 32)), 1, 2),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("precision", "impl", "blocks", "micro", "accum"), SEVEN_B_CASES)
+def test_llama2_7b_peak_matches_tracker(precision: str, impl: str, blocks: tuple[int, ...], micro: int, accum: int) -> None:
+    model, training = resolve("llama2-7b", seq_len=1024, global_batch_size=micro * accum)
+    training = TrainConfig.model_validate({**training.model_dump(), "optimizer_impl": impl})
+    knobs = Knobs(micro_batch_size=micro, grad_accum_steps=accum, precision=precision, checkpoint_blocks=blocks)
+    predicted, measured = _compare(model, training, knobs)
+    assert predicted == pytest.approx(measured, rel=TOLERANCE)
+
+
+@pytest.mark.slow
+def test_reference_figures_7b_fp32_adamw() -> None:
+    """REFERENCES.md: a 7B Llama in fp32 peaks at 125.8 GiB with AdamW foreach vs 100.7 GiB fused
+    (params + grads + 2 moments, + one param-sized temporary for foreach). Our workload (one
+    1024-token sequence) differs from the unstated one behind those figures, so allow 1%."""
+    model, training = resolve("llama2-7b", seq_len=1024, global_batch_size=1)
+    gib = 2**30
+    for impl, reference in (("foreach", 125.8), ("fused", 100.7)):
+        train = TrainConfig.model_validate({**training.model_dump(), "optimizer_impl": impl})
+        peak = estimate(model, train, HW, Knobs(micro_batch_size=1, precision="fp32")).memory.peak_allocated_bytes
+        assert peak / gib == pytest.approx(reference, rel=0.01)
