@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
+from planner.cache import IdentityCache
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.graph import LayerGraph, build_graph
@@ -92,6 +93,10 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
     return spec
 
 
+_ROOFLINES: IdentityCache[tuple[OpRoofline, ...]] = IdentityCache()
+_GROUPS: IdentityCache[tuple[OpGroup, ...]] = IdentityCache()
+
+
 @lru_cache(maxsize=64)
 def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSpec) -> LayerGraph:
     return build_graph(model, batch, seq_len, spec)
@@ -118,7 +123,7 @@ def estimate(
     )
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.grad_accum_steps)
-    ops = tuple(op_roofline(op, spec.matmul_precision, hw) for op in graph.nodes)
+    ops = _ROOFLINES.get((graph, hw), (), lambda: tuple(op_roofline(op, spec.matmul_precision, hw) for op in graph.nodes))
     time = step_time(ops, timeline.recomputed_ops, knobs.grad_accum_steps, optimizer_time_s(graph, opt, hw))
 
     per_micro_flops = sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)
@@ -158,6 +163,6 @@ def estimate(
         time=time,
         memory=memory,
         ops=ops,
-        op_groups=group_ops(ops, knobs.grad_accum_steps),
+        op_groups=_GROUPS.get((graph, hw), (knobs.grad_accum_steps,), lambda: group_ops(ops, knobs.grad_accum_steps)),
         limiting_bound=Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY,
     )

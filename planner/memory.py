@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from planner.cache import IdentityCache
 from planner.graph import LOGITS_NODES, LayerGraph
 
 
@@ -139,6 +140,9 @@ class _Prepared:
             tuple((p.name, round_bytes(p.numel * graph.precision.grad_dtype.n_bytes)) for p in op.spec.params)
             for op in self.nodes
         ]
+
+
+_PREPARED: IdentityCache[_Prepared] = IdentityCache()
 
 
 class _Walk:
@@ -397,7 +401,7 @@ def simulate_step(
     record_trace: bool = False,
 ) -> Timeline:
     """Walk one steady-state optimizer step; return its peak and where it happens."""
-    prep = _Prepared(graph, round_bytes)
+    prep = _PREPARED.get((graph,), (round_bytes(1),), lambda: _Prepared(graph, round_bytes))
     live = _Live(trace=[] if record_trace else None)
     live.add(Category.PARAMS, static.params_bytes)
     live.add(Category.OPTIMIZER, static.optimizer_bytes)
