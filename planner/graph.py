@@ -76,11 +76,17 @@ class _Builder:
         self.graph = nx.DiGraph()
         self.order: list[str] = []
         self.held_until: dict[str, str] = {}
+        self.costs: dict[tuple[object, ...], LayerCost] = {}
 
     def add(self, spec: LayerSpec, inputs: tuple[str, ...] = (), info: tuple[TensorInfo, ...] | None = None) -> str:
         tensors = info if info is not None else tuple(self.output(name) for name in inputs)
-        ctx = OpContext(batch=self.batch, seq_len=self.seq_len, precision=self.precision, inputs=tensors)
-        cost = cost_of(spec, ctx)
+        # blocks repeat: an op's cost depends on its shape, not on its name or block index
+        key = (spec.kind, spec.in_features, spec.out_features, spec.bias, spec.n_heads, spec.n_kv_heads,
+               spec.head_dim, spec.dropout, spec.owns_params, tuple(p.numel for p in spec.params), tensors)
+        cost = self.costs.get(key)
+        if cost is None:
+            ctx = OpContext(batch=self.batch, seq_len=self.seq_len, precision=self.precision, inputs=tensors)
+            cost = self.costs[key] = cost_of(spec, ctx)
         self.graph.add_node(spec.name, op=GraphNode(spec=spec, cost=cost, inputs=inputs), block=spec.block)
         for position, producer in enumerate(inputs):
             self.graph.add_edge(producer, spec.name, index=position, saved=cost.saves_input(position))
