@@ -41,6 +41,16 @@ class Category(StrEnum):
 
 
 @dataclass(frozen=True)
+class TraceEvent:
+    """Live bytes at one observation point of the walk (after an op's allocations)."""
+
+    micro_batch: int
+    phase: Phase
+    op: str
+    live_bytes: int
+
+
+@dataclass(frozen=True)
 class PeakPoint:
     bytes: int
     phase: Phase
@@ -57,7 +67,7 @@ class _Live:
     total: int = 0
     peak: PeakPoint | None = None
     micro_batch: int = 0
-    trace: list[tuple[Phase, str, int]] | None = None
+    trace: list[TraceEvent] | None = None
 
     def add(self, category: Category, n_bytes: int) -> None:
         self.by_category[category] += n_bytes
@@ -68,7 +78,7 @@ class _Live:
         extra_total = sum(extra.values()) if extra else 0
         total = self.total + extra_total
         if self.trace is not None:
-            self.trace.append((phase, op, total))
+            self.trace.append(TraceEvent(self.micro_batch, phase, op, total))
         if self.peak is None or total > self.peak.bytes:
             breakdown = dict(self.by_category)
             for category, n_bytes in (extra or {}).items():
@@ -94,7 +104,7 @@ class Timeline:
     logits_bytes: int  # logits-family tensors alive at the end of one micro-batch's forward
     recompute_flops: float  # forward FLOPs re-run by checkpointing, per micro-batch
     recomputed_ops: frozenset[str]  # ops whose forward runs again in backward
-    trace: tuple[tuple[Phase, str, int], ...] = ()
+    trace: tuple[TraceEvent, ...] = ()
 
 
 def checkpoint_units(n_layers: int, blocks: Sequence[int] | frozenset[int], segments: Sequence[tuple[int, int]] = ()) -> dict[int, int]:

@@ -33,7 +33,7 @@ from hardware.units import format_bytes, format_count, parse_bytes
         (2.0, 2),
     ],
 )
-def test_parse_bytes(text: str | int | float, expected: int) -> None:
+def test_parse_bytes(text: str | float, expected: int) -> None:
     result = parse_bytes(text)
     assert result == expected
     assert type(result) is int
@@ -117,3 +117,13 @@ def test_format_parse_round_trip(text: str) -> None:
 )
 def test_format_count(count: float, expected: str) -> None:
     assert format_count(count) == expected
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product: parse_bytes converts every value to float, so integers above 2**53 change "
+    "(2**53 + 1 -> 2**53); harmless at real memory sizes but not a faithful parse",
+)
+@pytest.mark.parametrize("value", [2**53 + 1, str(2**53 + 1)])
+def test_parse_bytes_large_integers_are_exact(value: int | str) -> None:
+    assert parse_bytes(value) == 2**53 + 1

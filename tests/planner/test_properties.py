@@ -1,7 +1,8 @@
 """Hypothesis properties of ``planner.estimate.estimate`` (DESIGN.md, "Tests"):
 
-memory never falls as the micro-batch grows; checkpointing more never adds memory nor removes
-time; model FLOPs do not depend on checkpointing or the micro-batch split; the step time is at
+memory never falls as the micro-batch grows (at a fixed accumulation count, or at a fixed global
+batch while accumulating: dropping accumulation altogether CAN lower the peak, in torch too, see
+the pinned counterexample); checkpointing more never adds memory nor removes time; model FLOPs do not depend on checkpointing or the micro-batch split; the step time is at
 least its pure-roofline lower bound; the device figure covers the allocated peak.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from functools import cache
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,12 +66,58 @@ def subsets(n_layers: int) -> st.SearchStrategy[tuple[int, ...]]:
 
 @settings(max_examples=25, deadline=None)
 @given(model=models(), training=trainings, policy=policies, data=st.data())
-def test_peak_never_falls_as_micro_batch_grows(
+def test_peak_never_falls_as_micro_batch_grows_while_accumulating(
     model: ModelConfig, training: TrainConfig, policy: PrecisionPolicy, data: st.DataObject
 ) -> None:
+    """Same global batch, micro-batch 1, 2, 4 (accumulation 8, 4, 2): the peak never falls.
+
+    Micro-batch 8 (no accumulation) is left out on purpose: see
+    ``test_dropping_accumulation_can_lower_the_peak_as_in_torch``.
+    """
     blocks = data.draw(subsets(model.n_layers), label="checkpoint_blocks")
-    peaks = [run(model, training, b, policy, blocks).memory.peak_allocated_bytes for b in MICRO_BATCHES]
+    accumulating = [b for b in MICRO_BATCHES if GLOBAL_BATCH // b >= 2]
+    peaks = [run(model, training, b, policy, blocks).memory.peak_allocated_bytes for b in accumulating]
+    assert peaks == sorted(peaks), dict(zip(accumulating, peaks, strict=True))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    model=models(), training=trainings, policy=policies, accum=st.sampled_from([1, 2, 4]), data=st.data()
+)
+def test_peak_never_falls_as_micro_batch_grows_at_fixed_accumulation(
+    model: ModelConfig, training: TrainConfig, policy: PrecisionPolicy, accum: int, data: st.DataObject
+) -> None:
+    blocks = data.draw(subsets(model.n_layers), label="checkpoint_blocks")
+    peaks = []
+    for b in MICRO_BATCHES:
+        workload = training.model_copy(update={"global_batch_size": b * accum})
+        knobs = Knobs(micro_batch_size=b, grad_accum_steps=accum, precision=policy, checkpoint_blocks=blocks)
+        peaks.append(estimate(model, workload, HW, knobs).memory.peak_allocated_bytes)
     assert peaks == sorted(peaks), dict(zip(MICRO_BATCHES, peaks, strict=True))
+
+
+# A counterexample to the unqualified DESIGN.md property "memory never falls as micro-batch
+# grows" at a fixed global batch, found by hypothesis: going from micro-batch 4 x 2 accumulation
+# steps to 8 x 1 LOWERS the peak, because with accumulation the second micro-batch runs its
+# forward while every parameter gradient from the first one is still allocated. Real PyTorch
+# does the same: the reference model's step under the live-storage tracker (validate.simulate)
+# measures 2,658,816 B vs 2,613,760 B, exactly the planner's figures (fused AdamW).
+COUNTEREXAMPLE = ModelConfig(family="gpt2", n_layers=3, d_model=64, n_heads=2, d_ff=128, vocab_size=64, max_seq_len=256)
+
+
+def test_dropping_accumulation_can_lower_the_peak_as_in_torch() -> None:
+    from validate.simulate import simulate_step
+
+    training = TrainConfig(seq_len=32, global_batch_size=GLOBAL_BATCH, optimizer_impl=OptimizerImpl.FUSED)
+    predicted, measured = {}, {}
+    for b in (4, 8):
+        knobs = Knobs(micro_batch_size=b, grad_accum_steps=GLOBAL_BATCH // b, precision=PrecisionPolicy.BF16_MIXED,
+                      checkpoint_blocks=(0, 1))
+        predicted[b] = estimate(COUNTEREXAMPLE, training, HW, knobs).memory.peak_allocated_bytes
+        measured[b] = simulate_step(COUNTEREXAMPLE, training, knobs).peak_allocated_bytes
+    assert measured[8] < measured[4]  # torch itself
+    assert predicted[8] < predicted[4]  # and the planner agrees
+    assert predicted == measured
 
 
 @settings(max_examples=25, deadline=None)
@@ -115,7 +163,7 @@ def test_step_time_at_least_lower_bound_and_device_covers_peak(
     assert est.memory.device_bytes >= est.memory.peak_allocated_bytes > 0
     assert est.memory.fits == (est.memory.device_bytes <= est.memory.hbm_cap_bytes)
     assert 0 < est.mfu <= 1
-    assert est.tokens_per_s * est.step_time_s == __import__("pytest").approx(training.seq_len * GLOBAL_BATCH)
+    assert est.tokens_per_s * est.step_time_s == pytest.approx(training.seq_len * GLOBAL_BATCH)
     # the peak covers what is always resident
     mem = est.memory
     assert mem.peak_allocated_bytes >= mem.params_bytes + mem.optimizer_bytes + mem.grads_bytes

@@ -263,7 +263,10 @@ def test_param_counts_match(preset: str, attention: str, policy: PrecisionPolicy
 def test_eager_with_dropout_adds_mask_and_dropout_nodes() -> None:
     flash = graph_for("tiny-llama", "flash", PrecisionPolicy.BF16_MIXED)
     eager = graph_for("tiny-llama", "eager", PrecisionPolicy.BF16_MIXED)
-    kinds = lambda g: [op.spec.kind for op in g.nodes]  # noqa: E731
+
+    def kinds(g: LayerGraph) -> list[OpKind]:
+        return [op.spec.kind for op in g.nodes]
+
     assert OpKind.CAUSAL_MASK not in kinds(flash) and OpKind.CAUSAL_MASK in kinds(eager)
     assert OpKind.ATTENTION_EAGER in kinds(eager) and OpKind.ATTENTION_FLASH not in kinds(eager)
     assert OpKind.DROPOUT not in kinds(flash) and OpKind.DROPOUT in kinds(eager)

@@ -1,0 +1,164 @@
+"""Exact checkpoint placement over the block chain (which blocks, not only how many).
+
+The memory walk of a placement S (a status per block: checkpointed or not) decomposes, for a
+chain of identical blocks, into terms that depend on one block's status at a time:
+
+    live(event k of block i) = N[s_i](k) + sum_{j < i} D[s_j]      (i >= 1)
+
+where N[s](k) is what the event would see with no earlier block, and D[s] is how much one
+earlier block with status s adds (what it keeps for backward, less, in the first micro-batch's
+backward, the gradient of one later block that has not appeared yet). Block 0 has terms of its
+own: the model-wide tensors every block shares (rotary tables, causal mask) die in its backward. Events after
+the blocks see every block: their value moves linearly with the number of checkpointed blocks.
+Two uniform walks (nothing checkpointed, everything checkpointed) give every term; the
+decomposition is verified on both walks before it is used, so a graph that does not decompose
+is refused rather than mispriced.
+
+Given the terms, a dynamic program over (block, checkpointed so far) finds, for every count k,
+the placement with the lowest peak: the prefix a block sees depends only on how many earlier
+blocks are checkpointed, so ``best[i][c]`` (the lowest possible running peak over blocks < i with
+c of them checkpointed) is exact. Checkpointing early blocks costs less peak than late ones: a late
+block's recompute runs while every earlier block's activations are still alive.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from planner.errors import PlannerError
+from planner.graph import LayerGraph
+from planner.memory import Phase, StaticMemory, TraceEvent, checkpoint_units, simulate_step
+
+_FORWARD, _BACKWARD = "fwd", "bwd"
+
+
+class NotDecomposableError(PlannerError):
+    """The walk of this graph does not split into per-block terms (blocks are not identical)."""
+
+
+Terms = dict[tuple[int, str], list[int]]  # (micro-batch, group) -> value per event
+
+
+@dataclass(frozen=True)
+class PlacementProfile:
+    """Per-status terms of the memory walk, for one (graph, micro-batches, static memory)."""
+
+    n_blocks: int
+    first: dict[int, Terms]  # status -> block 0's events
+    terms: dict[int, Terms]  # status -> events of a later block, without any earlier block
+    step: dict[int, dict[tuple[int, str], int]]  # status -> (micro-batch, group) -> D
+    outside: list[tuple[int, int]]  # events outside the blocks: (value with none, value with all)
+
+    def _block_peak(self, index: int, status: int, prefix: dict[tuple[int, str], int]) -> int:
+        terms = self.first[status] if index == 0 else self.terms[status]
+        return max(max(values) + prefix.get(key, 0) for key, values in terms.items())
+
+    def _tail_peak(self, count: int) -> int:
+        return max((none + (every - none) * count // self.n_blocks for none, every in self.outside), default=0)
+
+    def peak(self, statuses: tuple[int, ...]) -> int:
+        """Peak allocated bytes of the walk for ``statuses`` (1 = checkpointed), from the terms."""
+        prefix: dict[tuple[int, str], int] = defaultdict(int)
+        best = 0
+        for index, s in enumerate(statuses):
+            best = max(best, self._block_peak(index, s, prefix))
+            for key, d in self.step[s].items():
+                prefix[key] += d
+        return max(best, self._tail_peak(sum(statuses)))
+
+    def min_peak_by_count(self) -> list[tuple[int, tuple[int, ...]]]:
+        """For k = 0..L checkpointed blocks: (lowest peak, one placement achieving it)."""
+        n = self.n_blocks
+        inf = float("inf")
+        best: list[float] = [0.0] + [inf] * n  # lowest running peak with c of the blocks so far checkpointed
+        choices: list[list[int]] = []
+        for i in range(n):
+            new: list[float] = [inf] * (n + 1)
+            pick = [-1] * (n + 1)
+            for c in range(i + 1):
+                if best[c] == inf:
+                    continue
+                prefix = {key: c * self.step[1][key] + (i - c) * self.step[0][key] for key in self.step[0]}
+                for s in (0, 1):
+                    value = max(best[c], self._block_peak(i, s, prefix))
+                    target = c + s
+                    if value < new[target] or (value == new[target] and s == 1):
+                        new[target], pick[target] = value, s  # ties: checkpoint the earlier block
+            best = new
+            choices.append(pick)
+        out: list[tuple[int, tuple[int, ...]]] = []
+        for k in range(n + 1):
+            statuses: list[int] = []
+            c = k
+            for i in range(n - 1, -1, -1):
+                s = choices[i][c]
+                statuses.append(s)
+                c -= s
+            out.append((int(max(best[k], self._tail_peak(k))), tuple(reversed(statuses))))
+        return out
+
+
+def _group(phase: Phase) -> str:
+    return _FORWARD if phase is Phase.FORWARD else _BACKWARD
+
+
+def _split(graph: LayerGraph, trace: tuple[TraceEvent, ...]) -> tuple[dict[tuple[int, str, int], list[int]], list[int]]:
+    """Block events by (micro-batch, group, block) in order, and the other events in order."""
+    blocks: dict[tuple[int, str, int], list[int]] = defaultdict(list)
+    outside: list[int] = []
+    for event in trace:
+        block = graph.node(event.op).spec.block if event.op in graph.graph else None
+        if block is None:
+            outside.append(event.live_bytes)
+        else:
+            blocks[(event.micro_batch, _group(event.phase), block)].append(event.live_bytes)
+    return blocks, outside
+
+
+MIN_BLOCKS = 4  # shorter chains are cheap to enumerate with the walk itself
+
+
+def placement_profile(
+    graph: LayerGraph,
+    static: StaticMemory,
+    round_bytes: object,
+    grad_accum_steps: int,
+) -> PlacementProfile:
+    """Measure the per-status terms with two uniform walks and check the decomposition holds."""
+    n = graph.model.n_layers
+    if n < MIN_BLOCKS:
+        raise NotDecomposableError(f"{n} blocks: enumerate the placements instead")
+    first: dict[int, Terms] = {}
+    terms: dict[int, Terms] = {}
+    step: dict[int, dict[tuple[int, str], int]] = {}
+    outside_runs: list[list[int]] = []
+    for status in (0, 1):
+        units = checkpoint_units(n, range(n) if status else ())
+        timeline = simulate_step(graph, static, round_bytes, units, grad_accum_steps, record_trace=True)  # type: ignore[arg-type]
+        blocks, outside = _split(graph, timeline.trace)
+        first[status], terms[status], step[status] = {}, {}, {}
+        for (micro, group, block), values in blocks.items():
+            if block != 1:
+                continue
+            key = (micro, group)
+            d = blocks[(micro, group, 2)][0] - values[0]
+            step[status][key] = d
+            terms[status][key] = [v - d for v in values]
+            first[status][key] = blocks[(micro, group, 0)]
+        for (micro, group, block), values in blocks.items():  # linearity check, event by event
+            if block == 0:
+                continue
+            key = (micro, group)
+            expected = [v + block * step[status][key] for v in terms[status][key]]
+            if values != expected:
+                raise NotDecomposableError(
+                    f"block {block} does not repeat block 1 ({micro=}, {group=}); placement needs identical blocks"
+                )
+        outside_runs.append(outside)
+    if len(outside_runs[0]) != len(outside_runs[1]):
+        raise NotDecomposableError("the walks outside the blocks differ in length")
+    outside_pairs = list(zip(outside_runs[0], outside_runs[1], strict=True))
+    if any((every - none) % n for none, every in outside_pairs):
+        raise NotDecomposableError("events after the blocks do not move by a whole per-block amount")
+    return PlacementProfile(n_blocks=n, first=first, terms=terms, step=step, outside=outside_pairs)
