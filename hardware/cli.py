@@ -39,7 +39,8 @@ def _list(as_json: bool) -> None:
 
     table = Table(title=f"Hardware profiles (default {DEFAULT_HARDWARE}; dense peaks, no sparsity)")
     for column in ("name", "memory", "bandwidth", "bf16 TFLOP/s", "fp8 TFLOP/s", "description"):
-        table.add_column(column, justify="left" if column in ("name", "description") else "right")
+        table.add_column(column, justify="left" if column in ("name", "description") else "right",
+                         no_wrap=column != "description", overflow="fold" if column == "description" else "ellipsis")
     for p in profiles:
         peaks = {k.value: v for k, v in p.peak_flops_per_s.items()}
         table.add_row(

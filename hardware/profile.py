@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from hardware.dtypes import ComputePrecision
+from hardware.errors import ConfigError
 from hardware.units import parse_bytes
 
 
@@ -37,7 +38,7 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 class HardwareProfile(BaseModel):
     """One device (one GPU, or one CPU socket) and the node it sits in."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, description="profile name used by --hardware")
     description: str = ""
@@ -69,7 +70,10 @@ class HardwareProfile(BaseModel):
     def _parse_byte_sizes(cls, value: Any, info: ValidationInfo) -> Any:
         if value == 0:
             return 0
-        return parse_bytes(value, str(info.field_name))
+        try:
+            return parse_bytes(value, str(info.field_name))
+        except ConfigError as error:  # pydantic names the field itself
+            raise ValueError(str(error).removeprefix(f"{info.field_name}: ")) from None
 
     @model_validator(mode="before")
     @classmethod

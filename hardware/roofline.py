@@ -54,5 +54,5 @@ def op_time(
         memory_time_s=memory_s,
         time_s=max(compute_s, memory_s) + n_kernels * hw.kernel_launch_s,
         lower_bound_s=max(ideal_compute_s, ideal_memory_s),
-        bound=Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY,
+        bound=Bound.COMPUTE if compute_s > memory_s or (compute_s == memory_s and flops > 0) else Bound.MEMORY,
     )

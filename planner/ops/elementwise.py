@@ -38,6 +38,8 @@ def residual_add_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
 
 
 def _unary_saving_input(ctx: OpContext) -> LayerCost:
+    """An elementwise op y = f(x) whose backward needs x: saves x, output of x's size and dtype;
+    traffic: read x, write y forward; read grad, x, write dx backward."""
     x = ctx.inputs[0]
     out = TensorInfo(numel=x.numel, dtype=x.dtype)
     return LayerCost(

@@ -304,11 +304,6 @@ def test_source_url_must_be_present(tmp_path: Path) -> None:
     assert "sources" in _load_error(write_yaml(tmp_path / "p2.yaml", data))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: hbm_bytes: .inf (or 1e400) escapes parse_bytes as OverflowError, "
-    "which pydantic does not wrap, so the user sees a traceback instead of a ConfigError",
-)
 def test_infinite_hbm_bytes_is_a_config_error(tmp_path: Path) -> None:
     data = profile_data()
     data["hbm_bytes"] = float("inf")
