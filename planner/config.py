@@ -103,7 +103,7 @@ class ModelConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         try:
-            family = Family(data.get("family"))
+            family = Family(str(data.get("family")))
         except ValueError:
             return data  # the field validator reports the bad family
         merged = dict(data)

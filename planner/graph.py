@@ -43,6 +43,12 @@ class LayerGraph:
     def node(self, name: str) -> GraphNode:
         return self.graph.nodes[name]["op"]  # type: ignore[no-any-return]
 
+    def saved_bytes(self, name: str) -> int:
+        """Bytes op ``name`` keeps alive for backward without checkpointing: what it saves of its
+        own (statistics, masks, copies) plus its output if it or a consumer saves that output.
+        A tensor saved by several ops is counted once, at its producer."""
+        return int(self.graph.nodes[name]["saved_bytes"])
+
     @cached_property
     def nodes(self) -> tuple[GraphNode, ...]:
         return tuple(self.node(name) for name in self.order)
@@ -97,7 +103,7 @@ class _Builder:
         return self.graph.nodes[name]["op"].cost.output  # type: ignore[no-any-return]
 
     def linear(self, name: str, block: int | None, x: str, i: int, o: int, bias: bool, **kw: object) -> str:
-        params = (ParamTensor(name=f"{name}.weight", numel=i * o),)
+        params: tuple[ParamTensor, ...] = (ParamTensor(name=f"{name}.weight", numel=i * o),)
         if bias:
             params += (ParamTensor(name=f"{name}.bias", numel=o),)
         spec = LayerSpec(name=name, kind=OpKind.LINEAR, block=block, in_features=i, out_features=o, bias=bias,
@@ -107,7 +113,7 @@ class _Builder:
     def norm(self, name: str, block: int | None, x: str) -> str:
         m = self.model
         layernorm = m.norm is NormKind.LAYERNORM
-        params = (ParamTensor(name=f"{name}.weight", numel=m.d_model),)
+        params: tuple[ParamTensor, ...] = (ParamTensor(name=f"{name}.weight", numel=m.d_model),)
         if layernorm and m.norm_bias:
             params += (ParamTensor(name=f"{name}.bias", numel=m.d_model),)
         kind = OpKind.LAYERNORM if layernorm else OpKind.RMSNORM
@@ -188,6 +194,10 @@ def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: Precisi
     for shared in (rope, mask):  # locals of Transformer.forward: alive for the whole forward
         if shared is not None:
             g.held_until[shared] = loss
+    for name in g.order:  # bytes each op's forward leaves alive for backward (no checkpointing)
+        cost = g.graph.nodes[name]["op"].cost
+        kept = cost.saves_output or any(data["saved"] for _, _, data in g.graph.out_edges(name, data=True))
+        g.graph.nodes[name]["saved_bytes"] = sum(cost.saved_extra_bytes) + (cost.output.n_bytes if kept else 0)
     return LayerGraph(model=m, batch=batch, seq_len=seq_len, precision=precision, graph=g.graph,
                       order=tuple(g.order), held_until=g.held_until)
 

@@ -81,3 +81,15 @@ def test_pytorch_itself_reproduces_the_table() -> None:
 
     per_layer = saved_after_forward(3) - saved_after_forward(2)
     assert per_layer == pytest.approx(s * b * h * (34 + 5 * a * s / h), rel=0.005)
+
+
+def test_graph_saved_bytes_sum_to_the_table() -> None:
+    """The per-op ``saved_bytes`` of one block's graph nodes add up to the same table entry
+    (LayerNorm statistics aside), so the per-op figures are an exact split of the per-layer total."""
+    from planner.graph import build_graph
+    from planner.precision import precision_spec
+
+    graph = build_graph(_gpt(2), B, S, precision_spec("bf16-true"))
+    block = sum(graph.saved_bytes(name) for name in graph.order if graph.node(name).spec.block == 1)
+    assert block == pytest.approx(S * B * H * (34 + 5 * A * S / H), rel=0.005)
+    assert graph.saved_bytes("blocks.1.attn.core") > graph.saved_bytes("blocks.1.mlp.act")  # the T x T terms

@@ -97,3 +97,14 @@ def test_reference_figures_7b_fp32_adamw() -> None:
         train = TrainConfig.model_validate({**training.model_dump(), "optimizer_impl": impl})
         peak = estimate(model, train, HW, Knobs(micro_batch_size=1, precision="fp32")).memory.peak_allocated_bytes
         assert peak / gib == pytest.approx(reference, rel=0.01)
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+@pytest.mark.parametrize("optimizer", ["sgd-momentum", "sgd"])
+def test_sgd_peak_matches_tracker(optimizer: str, impl: str) -> None:
+    """SGD with momentum keeps one buffer per parameter; plain SGD none; neither allocates
+    step temporaries without weight decay."""
+    training = TrainConfig(seq_len=256, global_batch_size=8, optimizer=optimizer, optimizer_impl=impl)
+    knobs = Knobs(micro_batch_size=4, grad_accum_steps=2, precision="fp32", checkpoint_blocks=(1,))
+    predicted, measured = _compare(SMALL, training, knobs)
+    assert predicted == pytest.approx(measured, rel=TOLERANCE)
