@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from hardware.profile import HardwareProfile
 from hardware.registry import load_hardware
@@ -22,47 +22,11 @@ from hardware.units import parse_bytes
 from hardware.validation import describe_validation_error
 from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.errors import ConfigError
-from planner.estimate import Estimate, estimate
+from planner.estimate import estimate
 from planner.knobs import Knobs, parse_checkpoint_spec
 from planner.model_io import Workload, resolve
 from planner.params import count_params
-
-
-class ModelSummary(BaseModel):
-    """The model as planned: its name, size and full config (for re-running the plan)."""
-
-    model_config = ConfigDict(frozen=True)
-    name: str
-    family: str
-    n_params: int
-    config: ModelConfig
-
-
-class PlanEntry(BaseModel):
-    """One configuration and its predicted figures."""
-
-    model_config = ConfigDict(frozen=True)
-    knobs: Knobs
-    estimate: Estimate
-
-
-class PlanResult(BaseModel):
-    """What ``plan`` answers: the model, workload, hardware and the chosen configuration."""
-
-    model_config = ConfigDict(frozen=True)
-    model: ModelSummary
-    training: TrainConfig
-    hardware: HardwareProfile
-    hbm_cap_bytes: int
-    best: PlanEntry
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return self.model_dump_json(indent=indent)
-
-    def _repr_html_(self) -> str:  # notebooks
-        from planner.render import render_html
-
-        return render_html(self)
+from planner.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
 
 
 def load_model(
@@ -123,8 +87,10 @@ __all__ = [
     "ModelSummary",
     "OptimizerImpl",
     "OptimizerKind",
+    "ParetoPoint",
     "PlanEntry",
     "PlanResult",
+    "SearchStats",
     "estimate_plan",
     "hbm_cap",
     "load_hardware",

@@ -20,7 +20,7 @@ from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
-from planner.memory import Category, Phase, checkpoint_units, simulate_step, static_memory
+from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
 from planner.optimizer import optimizer_spec
 from planner.precision import PrecisionSpec, precision_spec
 from planner.timing import OpGroup, OpRoofline, TimeBreakdown, group_ops, op_roofline, optimizer_time_s, step_time
@@ -102,6 +102,39 @@ def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSp
     return build_graph(model, batch, seq_len, spec)
 
 
+def op_rooflines(graph: LayerGraph, hw: HardwareProfile) -> tuple[OpRoofline, ...]:
+    """Every op's roofline for one micro-batch (cached per graph and device)."""
+    precision = graph.precision.matmul_precision
+    return _ROOFLINES.get((graph, hw), (), lambda: tuple(op_roofline(op, precision, hw) for op in graph.nodes))
+
+
+def timing(
+    graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, grad_accum_steps: int, recomputed: frozenset[str]
+) -> tuple[tuple[OpRoofline, ...], TimeBreakdown]:
+    """Step time of a graph given which ops the checkpointing re-runs (no memory walk needed)."""
+    ops = op_rooflines(graph, hw)
+    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
+    return ops, step_time(ops, recomputed, grad_accum_steps, optimizer_time_s(graph, opt, hw))
+
+
+def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs) -> StaticMemory:
+    """Parameters, optimizer state, data batch and step temporaries for this configuration."""
+    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
+    return static_memory(
+        graph,
+        hw.round_alloc,
+        opt.state_tensors_per_param,
+        opt.step_temporaries_per_param,
+        opt.device_step_scalar,
+        data_sequences=knobs.micro_batch_size * knobs.grad_accum_steps,
+    )
+
+
+def device_bytes(peak_allocated_bytes: int, hw: HardwareProfile) -> int:
+    """What the device needs for a peak: fragmentation allowance and runtime reserve added."""
+    return int(peak_allocated_bytes * hw.fragmentation_factor) + hw.runtime_reserve_bytes
+
+
 def estimate(
     model: ModelConfig,
     training: TrainConfig,
@@ -112,19 +145,10 @@ def estimate(
     """Everything about one configuration: its memory timeline, FLOPs and roofline step time."""
     spec = check_knobs(model, training, hw, knobs)
     graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
-    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    static = static_memory(
-        graph,
-        hw.round_alloc,
-        opt.state_tensors_per_param,
-        opt.step_temporaries_per_param,
-        opt.device_step_scalar,
-        data_sequences=knobs.micro_batch_size * knobs.grad_accum_steps,
-    )
+    static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.grad_accum_steps)
-    ops = _ROOFLINES.get((graph, hw), (), lambda: tuple(op_roofline(op, spec.matmul_precision, hw) for op in graph.nodes))
-    time = step_time(ops, timeline.recomputed_ops, knobs.grad_accum_steps, optimizer_time_s(graph, opt, hw))
+    ops, time = timing(graph, hw, training, knobs.grad_accum_steps, timeline.recomputed_ops)
 
     per_micro_flops = sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)
     micro_batches = knobs.grad_accum_steps * knobs.data_parallel
@@ -133,7 +157,7 @@ def estimate(
     peak_flops = hw.peak_flops_per_s[spec.matmul_precision] * knobs.data_parallel
     cap = hbm_cap_bytes if hbm_cap_bytes is not None else hw.hbm_bytes
     peak = timeline.peak.bytes
-    device = int(peak * hw.fragmentation_factor) + hw.runtime_reserve_bytes
+    device = device_bytes(peak, hw)
     memory = MemoryBreakdown(
         params_bytes=static.params_bytes,
         grads_bytes=static.grads_bytes,

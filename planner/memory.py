@@ -21,6 +21,7 @@ from enum import StrEnum
 
 from planner.cache import IdentityCache
 from planner.graph import LOGITS_NODES, LayerGraph
+from planner.ops.base import LayerCost
 
 
 class Phase(StrEnum):
@@ -155,6 +156,36 @@ class _Prepared:
 _PREPARED: IdentityCache[_Prepared] = IdentityCache()
 
 
+def recompute_span(costs: Sequence[LayerCost]) -> tuple[int, int | None]:
+    """How much of a checkpoint unit (its ops' costs, in order) the recompute runs.
+
+    Returns (n, final): the first n ops run in full; ``final`` is the index of an op that only
+    packs its saved inputs (a trailing matmul, stopped before its kernel), or None. The recompute
+    stops once the last op that saves anything has saved it.
+    """
+    last = 0
+    for position, cost in enumerate(costs):
+        if cost.saves_output or any(cost.saves_inputs) or cost.saved_extra_bytes or cost.autocast_copy_bytes:
+            last = position
+    if costs and costs[last].saves_before_compute:
+        return last, last
+    return last + 1, None
+
+
+def recomputed_ops(graph: LayerGraph, units: dict[int, int]) -> frozenset[str]:
+    """Names of the ops whose forward kernels run again in backward for this placement."""
+    members: dict[int, list[int]] = {}
+    for block, unit in units.items():
+        members.setdefault(unit, []).extend(graph.block_nodes.get(block, ()))
+    names: set[str] = set()
+    nodes = graph.nodes
+    for positions in members.values():
+        positions.sort()
+        ran, _ = recompute_span([nodes[i].cost for i in positions])
+        names.update(graph.order[i] for i in positions[:ran])
+    return frozenset(names)
+
+
 class _Walk:
     """One micro-batch: forward, then backward with recomputation, for a checkpoint placement."""
 
@@ -263,16 +294,12 @@ class _Walk:
         only its saves (and any autocast casts, made before the kernel) happen."""
         p = self.p
         members = self.unit_members[u]
-        last = 0
-        for position, i in enumerate(members):
-            cost = p.nodes[i].cost
-            if cost.saves_output or any(cost.saves_inputs) or p.extras[i] or p.copies[i]:
-                last = position
-        final = members[last]
-        if not p.nodes[final].cost.saves_before_compute:
-            self._run_forward(members[: last + 1], Phase.RECOMPUTE, u)
+        ran, final = recompute_span([p.nodes[i].cost for i in members])
+        if final is None:
+            self._run_forward(members[:ran], Phase.RECOMPUTE, u)
             return
-        self._run_forward(members[:last], Phase.RECOMPUTE, u)
+        self._run_forward(members[:ran], Phase.RECOMPUTE, u)
+        final = members[final]
         if p.copies[final]:
             self.live.add(Category.TEMPORARIES, p.copies[final])
             self.copies_alive[final] = True

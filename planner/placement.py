@@ -3,21 +3,23 @@
 The memory walk of a placement S (a status per block: checkpointed or not) decomposes, for a
 chain of identical blocks, into terms that depend on one block's status at a time:
 
-    live(event k of block i) = N[s_i](k) + sum_{j < i} D[s_j]      (i >= 1)
+    live(event k of block i) = N[kind_i](k) + sum_{j < i} D[s_j]      (i >= 1)
 
-where N[s](k) is what the event would see with no earlier block, and D[s] is how much one
+where N[kind](k) is what the event would see with no earlier block, and D[s] is how much one
 earlier block with status s adds (what it keeps for backward, less, in the first micro-batch's
-backward, the gradient of one later block that has not appeared yet). Block 0 has terms of its
-own: the model-wide tensors every block shares (rotary tables, causal mask) die in its backward. Events after
+backward, the gradient of one later block that has not appeared yet). The kind of a block is its
+status, except that a plain block after a checkpointed one can see more: a model-wide tensor no
+op saves is still held by the checkpoint units as an input. Block 0 has terms of its own: the
+model-wide tensors every block shares (rotary tables, causal mask) die in its backward. Events after
 the blocks see every block: their value moves linearly with the number of checkpointed blocks.
-Two uniform walks (nothing checkpointed, everything checkpointed) give every term; the
-decomposition is verified on both walks before it is used, so a graph that does not decompose
-is refused rather than mispriced.
+The decomposition is verified on every walk before it is used, so a graph that does not
+decompose is refused rather than mispriced.
 
-Given the terms, a dynamic program over (block, checkpointed so far) finds, for every count k,
-the placement with the lowest peak: the prefix a block sees depends only on how many earlier
-blocks are checkpointed, so ``best[i][c]`` (the lowest possible running peak over blocks < i with
-c of them checkpointed) is exact. Checkpointing early blocks costs less peak than late ones: a late
+Three walks (nothing, block 0 only, everything checkpointed) give every term. Given them, a
+dynamic program over (block, checkpointed so far) finds, for every count k, the placement with
+the lowest peak: what a block sees depends only on how many earlier blocks are checkpointed, so
+``best[i][c]`` (the lowest possible running peak over blocks < i with c of them checkpointed) is
+exact. Checkpointing early blocks costs less peak than late ones: a late
 block's recompute runs while every earlier block's activations are still alive.
 """
 
@@ -38,31 +40,45 @@ class NotDecomposableError(PlannerError):
 
 
 Terms = dict[tuple[int, str], list[int]]  # (micro-batch, group) -> value per event
+_NONE, _CKPT, _AFTER = 0, 1, 2  # term kinds: plain block, checkpointed block, plain block after a checkpointed one
 
 
 @dataclass(frozen=True)
 class PlacementProfile:
-    """Per-status terms of the memory walk, for one (graph, micro-batches, static memory)."""
+    """Per-status terms of the memory walk, for one (graph, micro-batches, static memory).
+
+    A plain block's events can depend on whether any earlier block is checkpointed: a model-wide
+    tensor no op saves (the rotary tables under autocast) is still held by every checkpoint
+    unit as an input, until the earliest unit's backward ends. Hence three kinds of terms.
+    """
 
     n_blocks: int
     first: dict[int, Terms]  # status -> block 0's events
-    terms: dict[int, Terms]  # status -> events of a later block, without any earlier block
+    terms: dict[int, Terms]  # kind -> events of a later block, without any earlier block's share
     step: dict[int, dict[tuple[int, str], int]]  # status -> (micro-batch, group) -> D
-    outside: list[tuple[int, int]]  # events outside the blocks: (value with none, value with all)
+    outside: list[tuple[int, int, int]]  # events outside the blocks: value with 0, 1 and all L checkpointed
 
-    def _block_peak(self, index: int, status: int, prefix: dict[tuple[int, str], int]) -> int:
-        terms = self.first[status] if index == 0 else self.terms[status]
+    def _kind(self, status: int, earlier_checkpointed: bool) -> int:
+        return _CKPT if status else (_AFTER if earlier_checkpointed else _NONE)
+
+    def _block_peak(self, index: int, kind: int, prefix: dict[tuple[int, str], int]) -> int:
+        terms = self.first[kind] if index == 0 else self.terms[kind]
         return max(max(values) + prefix.get(key, 0) for key, values in terms.items())
 
     def _tail_peak(self, count: int) -> int:
-        return max((none + (every - none) * count // self.n_blocks for none, every in self.outside), default=0)
+        n = self.n_blocks
+        if count == 0:
+            return max((none for none, _, _ in self.outside), default=0)
+        return max((one + (every - one) * (count - 1) // (n - 1) for _, one, every in self.outside), default=0)
 
     def peak(self, statuses: tuple[int, ...]) -> int:
         """Peak allocated bytes of the walk for ``statuses`` (1 = checkpointed), from the terms."""
         prefix: dict[tuple[int, str], int] = defaultdict(int)
         best = 0
+        seen = False
         for index, s in enumerate(statuses):
-            best = max(best, self._block_peak(index, s, prefix))
+            best = max(best, self._block_peak(index, self._kind(s, seen), prefix))
+            seen = seen or bool(s)
             for key, d in self.step[s].items():
                 prefix[key] += d
         return max(best, self._tail_peak(sum(statuses)))
@@ -81,7 +97,7 @@ class PlacementProfile:
                     continue
                 prefix = {key: c * self.step[1][key] + (i - c) * self.step[0][key] for key in self.step[0]}
                 for s in (0, 1):
-                    value = max(best[c], self._block_peak(i, s, prefix))
+                    value = max(best[c], self._block_peak(i, self._kind(s, c > 0), prefix))
                     target = c + s
                     if value < new[target] or (value == new[target] and s == 1):
                         new[target], pick[target] = value, s  # ties: checkpoint the earlier block
@@ -125,40 +141,53 @@ def placement_profile(
     round_bytes: object,
     grad_accum_steps: int,
 ) -> PlacementProfile:
-    """Measure the per-status terms with two uniform walks and check the decomposition holds."""
+    """Measure the terms with three walks (no block, block 0 only, every block checkpointed) and
+    check, event by event, that every block of each walk is what the terms predict."""
     n = graph.model.n_layers
     if n < MIN_BLOCKS:
         raise NotDecomposableError(f"{n} blocks: enumerate the placements instead")
+    runs = {}
+    for name, blocks in (("none", ()), ("first", (0,)), ("all", tuple(range(n)))):
+        timeline = simulate_step(graph, static, round_bytes, checkpoint_units(n, blocks), grad_accum_steps,  # type: ignore[arg-type]
+                                 record_trace=True)
+        runs[name] = _split(graph, timeline.trace)
     first: dict[int, Terms] = {}
     terms: dict[int, Terms] = {}
     step: dict[int, dict[tuple[int, str], int]] = {}
-    outside_runs: list[list[int]] = []
-    for status in (0, 1):
-        units = checkpoint_units(n, range(n) if status else ())
-        timeline = simulate_step(graph, static, round_bytes, units, grad_accum_steps, record_trace=True)  # type: ignore[arg-type]
-        blocks, outside = _split(graph, timeline.trace)
+    for status, run in ((0, "none"), (1, "all")):
+        blocks = runs[run][0]
         first[status], terms[status], step[status] = {}, {}, {}
         for (micro, group, block), values in blocks.items():
-            if block != 1:
-                continue
-            key = (micro, group)
-            d = blocks[(micro, group, 2)][0] - values[0]
-            step[status][key] = d
-            terms[status][key] = [v - d for v in values]
-            first[status][key] = blocks[(micro, group, 0)]
-        for (micro, group, block), values in blocks.items():  # linearity check, event by event
+            if block == 1:
+                key = (micro, group)
+                step[status][key] = blocks[(micro, group, 2)][0] - values[0]
+                terms[status][key] = [v - step[status][key] for v in values]
+                first[status][key] = blocks[(micro, group, 0)]
+    after = runs["first"][0]
+    terms[_AFTER] = {
+        (micro, group): [v - step[1][(micro, group)] for v in values]
+        for (micro, group, block), values in after.items() if block == 1
+    }
+    checks = (
+        (runs["none"][0], lambda i: [_NONE] * i + [_NONE]),
+        (runs["all"][0], lambda i: [_CKPT] * (i + 1)),
+        (after, lambda i: [_CKPT] + [_AFTER] * i),
+    )
+    for blocks, kinds_of in checks:  # linearity, event by event
+        for (micro, group, block), values in blocks.items():
             if block == 0:
                 continue
             key = (micro, group)
-            expected = [v + block * step[status][key] for v in terms[status][key]]
-            if values != expected:
+            kinds = kinds_of(block)
+            prefix = sum(step[1 if k == _CKPT else 0][key] for k in kinds[:block])
+            if values != [v + prefix for v in terms[kinds[block]][key]]:
                 raise NotDecomposableError(
                     f"block {block} does not repeat block 1 ({micro=}, {group=}); placement needs identical blocks"
                 )
-        outside_runs.append(outside)
-    if len(outside_runs[0]) != len(outside_runs[1]):
+    outside = [run[1] for run in (runs["none"], runs["first"], runs["all"])]
+    if len({len(o) for o in outside}) != 1:
         raise NotDecomposableError("the walks outside the blocks differ in length")
-    outside_pairs = list(zip(outside_runs[0], outside_runs[1], strict=True))
-    if any((every - none) % n for none, every in outside_pairs):
+    triples = list(zip(*outside, strict=True))
+    if any((every - one) % (n - 1) for _, one, every in triples):
         raise NotDecomposableError("events after the blocks do not move by a whole per-block amount")
-    return PlacementProfile(n_blocks=n, first=first, terms=terms, step=step, outside=outside_pairs)
+    return PlacementProfile(n_blocks=n, first=first, terms=terms, step=step, outside=triples)

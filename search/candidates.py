@@ -1,0 +1,123 @@
+"""Price one (micro-batch, precision) point: the fastest checkpoint placement that fits the cap.
+
+Step time grows with every checkpointed block, so the fastest placement that fits is the one
+with the fewest checkpointed blocks whose peak fits; among placements with that count, the
+exact solver (``planner.placement``) picks the one with the lowest peak. When even
+checkpointing every block alone does not fit, segments of consecutive blocks checkpointed as one
+unit (Chen et al. 2016, "Training deep nets with sublinear memory cost": segments of about
+sqrt(L) blocks) keep fewer block inputs. The chosen knobs are priced again by the full memory
+walk, so the reported figures never rest on the decomposition alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from hardware.profile import HardwareProfile
+from planner.config import ModelConfig, TrainConfig
+from planner.estimate import Estimate, cached_graph, check_knobs, device_bytes, estimate, static_for, timing
+from planner.knobs import Knobs
+from planner.memory import checkpoint_units, recomputed_ops, simulate_step
+from planner.placement import NotDecomposableError, placement_profile
+from planner.precision import PrecisionPolicy
+from planner.results import ParetoPoint
+
+BRUTE_FORCE_MAX_BLOCKS = 12
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The best plan at one search point, and every placement priced on the way."""
+
+    knobs: Knobs
+    estimate: Estimate
+    points: tuple[ParetoPoint, ...]
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.memory.fits
+
+
+def _per_block_curve(
+    model: ModelConfig, training: TrainConfig, hw: HardwareProfile, base: Knobs
+) -> list[tuple[int, tuple[int, ...]]]:
+    """For k = 0..L checkpointed blocks: the lowest peak and a placement reaching it."""
+    spec = check_knobs(model, training, hw, base)
+    graph = cached_graph(model, base.micro_batch_size, training.seq_len, spec)
+    static = static_for(graph, hw, training, base)
+    try:
+        return placement_profile(graph, static, hw.round_alloc, base.grad_accum_steps).min_peak_by_count()
+    except NotDecomposableError:
+        pass
+    n = model.n_layers
+    best: dict[int, tuple[int, tuple[int, ...]]] = {}
+    statuses = itertools.product((0, 1), repeat=n) if n <= BRUTE_FORCE_MAX_BLOCKS else (
+        tuple(1 if i < k else 0 for i in range(n)) for k in range(n + 1)  # earliest-first when too many
+    )
+    for bits in statuses:
+        units = checkpoint_units(n, [i for i, b in enumerate(bits) if b])
+        peak = simulate_step(graph, static, hw.round_alloc, units, base.grad_accum_steps).peak.bytes
+        k = sum(bits)
+        if k not in best or peak < best[k][0]:
+            best[k] = (peak, tuple(bits))
+    return [best[k] for k in range(n + 1)]
+
+
+def segment_plans(n_layers: int) -> list[tuple[tuple[int, int], ...]]:
+    """Uniform segmentations of all blocks: lengths 2, 3, 4, sqrt(L) and 2 sqrt(L) (Chen et al.)."""
+    root = max(2, round(math.sqrt(n_layers)))
+    lengths = sorted({s for s in (2, 3, 4, root, 2 * root) if 2 <= s <= n_layers})
+    return [tuple((i, min(i + s - 1, n_layers - 1)) for i in range(0, n_layers, s)) for s in lengths]
+
+
+def evaluate(
+    model: ModelConfig,
+    training: TrainConfig,
+    hw: HardwareProfile,
+    cap_bytes: int,
+    micro_batch_size: int,
+    precision: PrecisionPolicy,
+    fixed_checkpoint: tuple[int, ...] | None = None,
+    allow_segments: bool = True,
+) -> Evaluation:
+    """The fastest plan at this point that fits ``cap_bytes`` (or the smallest one if none fits)."""
+    base = Knobs(
+        micro_batch_size=micro_batch_size,
+        grad_accum_steps=training.global_batch_size // micro_batch_size,
+        precision=precision,
+    )
+    if fixed_checkpoint is not None:
+        knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
+        est = estimate(model, training, hw, knobs, cap_bytes)
+        point = ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs)
+        return Evaluation(knobs=knobs, estimate=est, points=(point,))
+    spec = check_knobs(model, training, hw, base)
+    graph = cached_graph(model, micro_batch_size, training.seq_len, spec)
+    ops, no_recompute = timing(graph, hw, training, base.grad_accum_steps, frozenset())
+    fwd_s = {op.name: op.fwd_time_s for op in ops}
+    # a step's time is additive in the forward time each checkpointed block runs again
+    rerun_s = [
+        base.grad_accum_steps * sum(fwd_s[name] for name in recomputed_ops(graph, checkpoint_units(model.n_layers, (b,))))
+        for b in range(model.n_layers)
+    ]
+    points: list[ParetoPoint] = []
+    for peak, placement in _per_block_curve(model, training, hw, base):
+        blocks = tuple(i for i, s in enumerate(placement) if s)
+        step_s = no_recompute.step_time_s + sum(rerun_s[b] for b in blocks)
+        knobs = base.model_copy(update={"checkpoint_blocks": blocks})
+        points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(peak, hw), knobs=knobs))
+    fitting = [p for p in points if p.device_bytes <= cap_bytes]
+    if not fitting and allow_segments:
+        for segments in segment_plans(model.n_layers):
+            knobs = base.model_copy(update={"checkpoint_segments": segments})
+            est = estimate(model, training, hw, knobs, cap_bytes)
+            points.append(ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs))
+        fitting = [p for p in points if p.device_bytes <= cap_bytes]
+    if fitting:
+        chosen = min(fitting, key=lambda p: (p.step_time_s, p.device_bytes))
+    else:
+        chosen = min(points, key=lambda p: (p.device_bytes, p.step_time_s))
+    est = estimate(model, training, hw, chosen.knobs, cap_bytes)
+    return Evaluation(knobs=chosen.knobs, estimate=est, points=tuple(points))
