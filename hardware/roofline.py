@@ -46,7 +46,7 @@ def op_time(
     memory_s = bytes_moved / hw.achievable_bandwidth_bytes_per_s() if bytes_moved else 0.0
     ideal_compute_s = flops / hw.peak_flops_per_s[precision] if flops else 0.0
     ideal_memory_s = bytes_moved / hw.hbm_bandwidth_bytes_per_s if bytes_moved else 0.0
-    return OpTime(
+    return OpTime.model_construct(
         flops=flops,
         bytes_moved=bytes_moved,
         intensity_flops_per_byte=flops / bytes_moved if bytes_moved else float("inf"),

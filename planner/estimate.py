@@ -23,7 +23,17 @@ from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
 from planner.optimizer import optimizer_spec
 from planner.precision import PrecisionSpec, precision_spec
-from planner.timing import OpGroup, OpRoofline, TimeBreakdown, group_ops, op_roofline, optimizer_time_s, step_time
+from planner.timing import (
+    OpGroup,
+    OpRoofline,
+    OpTimes,
+    TimeBreakdown,
+    group_ops,
+    op_rooflines_of,
+    op_times,
+    optimizer_time_s,
+    step_time,
+)
 
 
 class MemoryBreakdown(BaseModel):
@@ -95,6 +105,7 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
 
 _ROOFLINES: IdentityCache[tuple[OpRoofline, ...]] = IdentityCache()
 _GROUPS: IdentityCache[tuple[OpGroup, ...]] = IdentityCache()
+_TIMES: IdentityCache[OpTimes] = IdentityCache()
 
 
 @lru_cache(maxsize=64)
@@ -105,16 +116,21 @@ def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSp
 def op_rooflines(graph: LayerGraph, hw: HardwareProfile) -> tuple[OpRoofline, ...]:
     """Every op's roofline for one micro-batch (cached per graph and device)."""
     precision = graph.precision.matmul_precision
-    return _ROOFLINES.get((graph, hw), (), lambda: tuple(op_roofline(op, precision, hw) for op in graph.nodes))
+    return _ROOFLINES.get((graph, hw), (), lambda: op_rooflines_of(graph.nodes, precision, hw))
+
+
+def times_of(graph: LayerGraph, hw: HardwareProfile) -> OpTimes:
+    """Per-op times for one micro-batch (cached per graph and device)."""
+    return _TIMES.get((graph, hw), (), lambda: op_times(graph.nodes, graph.precision.matmul_precision, hw))
 
 
 def timing(
     graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, grad_accum_steps: int, recomputed: frozenset[str]
-) -> tuple[tuple[OpRoofline, ...], TimeBreakdown]:
+) -> tuple[OpTimes, TimeBreakdown]:
     """Step time of a graph given which ops the checkpointing re-runs (no memory walk needed)."""
-    ops = op_rooflines(graph, hw)
+    times = times_of(graph, hw)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    return ops, step_time(ops, recomputed, grad_accum_steps, optimizer_time_s(graph, opt, hw))
+    return times, step_time(times, recomputed, grad_accum_steps, optimizer_time_s(graph, opt, hw))
 
 
 def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs) -> StaticMemory:
@@ -148,7 +164,8 @@ def estimate(
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.grad_accum_steps)
-    ops, time = timing(graph, hw, training, knobs.grad_accum_steps, timeline.recomputed_ops)
+    _, time = timing(graph, hw, training, knobs.grad_accum_steps, timeline.recomputed_ops)
+    ops = op_rooflines(graph, hw)
 
     per_micro_flops = sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)
     micro_batches = knobs.grad_accum_steps * knobs.data_parallel

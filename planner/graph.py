@@ -67,6 +67,11 @@ class LayerGraph:
         return sum(self.param_tensors.values())
 
     @cached_property
+    def block_of(self) -> dict[str, int | None]:
+        """Op name -> its block index (None outside the blocks)."""
+        return {op.spec.name: op.spec.block for op in self.nodes}
+
+    @cached_property
     def block_nodes(self) -> dict[int, tuple[int, ...]]:
         """Block index -> positions (in ``order``) of its nodes."""
         blocks: dict[int, list[int]] = {}
@@ -74,6 +79,24 @@ class LayerGraph:
             if op.spec.block is not None:
                 blocks.setdefault(op.spec.block, []).append(position)
         return {block: tuple(positions) for block, positions in blocks.items()}
+
+
+_SPEC_DEFAULTS = {name: field.default for name, field in LayerSpec.model_fields.items() if name not in ("name", "kind")}
+
+
+_SPECS: dict[tuple[object, ...], LayerSpec] = {}
+
+
+def _spec(**fields: object) -> LayerSpec:
+    """A LayerSpec from fields the builder derived from a validated ModelConfig (no re-validation;
+    memoized: the same op of the same model recurs for every micro-batch size and precision)."""
+    key = tuple(sorted(fields.items()))
+    spec = _SPECS.get(key)
+    if spec is None:
+        if len(_SPECS) > 200_000:
+            _SPECS.clear()
+        spec = _SPECS[key] = LayerSpec.model_construct(**{**_SPEC_DEFAULTS, **fields})
+    return spec
 
 
 class _Builder:
@@ -106,8 +129,8 @@ class _Builder:
         params: tuple[ParamTensor, ...] = (ParamTensor(name=f"{name}.weight", numel=i * o),)
         if bias:
             params += (ParamTensor(name=f"{name}.bias", numel=o),)
-        spec = LayerSpec(name=name, kind=OpKind.LINEAR, block=block, in_features=i, out_features=o, bias=bias,
-                         params=params, **kw)  # type: ignore[arg-type]
+        spec = _spec(name=name, kind=OpKind.LINEAR, block=block, in_features=i, out_features=o, bias=bias,
+                     params=params, **kw)
         return self.add(spec, (x,))
 
     def norm(self, name: str, block: int | None, x: str) -> str:
@@ -117,10 +140,10 @@ class _Builder:
         if layernorm and m.norm_bias:
             params += (ParamTensor(name=f"{name}.bias", numel=m.d_model),)
         kind = OpKind.LAYERNORM if layernorm else OpKind.RMSNORM
-        return self.add(LayerSpec(name=name, kind=kind, block=block, in_features=m.d_model, params=params), (x,))
+        return self.add(_spec(name=name, kind=kind, block=block, in_features=m.d_model, params=params), (x,))
 
     def simple(self, name: str, kind: OpKind, block: int | None, *inputs: str, dropout: float = 0.0) -> str:
-        return self.add(LayerSpec(name=name, kind=kind, block=block, dropout=dropout), inputs)
+        return self.add(_spec(name=name, kind=kind, block=block, dropout=dropout), inputs)
 
     def block(self, b: int, x: str, rope: str | None, mask: str | None) -> str:
         m = self.model
@@ -134,7 +157,7 @@ class _Builder:
         if rope is not None:
             qk = (self.simple(f"{p}.attn.rotary", OpKind.ROTARY, b, q, kk, rope),)
         eager = m.attention is AttentionImpl.EAGER
-        core_spec = LayerSpec(
+        core_spec = _spec(
             name=f"{p}.attn.core", kind=OpKind.ATTENTION_EAGER if eager else OpKind.ATTENTION_FLASH, block=b,
             n_heads=n, n_kv_heads=k, head_dim=h, dropout=m.dropout,
         )

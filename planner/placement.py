@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from planner.errors import PlannerError
 from planner.graph import LayerGraph
-from planner.memory import Phase, StaticMemory, TraceEvent, checkpoint_units, simulate_step
+from planner.memory import Phase, StaticMemory, Timeline, TraceEvent, checkpoint_units, simulate_step
 
 _FORWARD, _BACKWARD = "fwd", "bwd"
 
@@ -123,8 +123,9 @@ def _split(graph: LayerGraph, trace: tuple[TraceEvent, ...]) -> tuple[dict[tuple
     """Block events by (micro-batch, group, block) in order, and the other events in order."""
     blocks: dict[tuple[int, str, int], list[int]] = defaultdict(list)
     outside: list[int] = []
+    block_of = graph.block_of
     for event in trace:
-        block = graph.node(event.op).spec.block if event.op in graph.graph else None
+        block = block_of.get(event.op)
         if block is None:
             outside.append(event.live_bytes)
         else:
@@ -140,29 +141,33 @@ def placement_profile(
     static: StaticMemory,
     round_bytes: object,
     grad_accum_steps: int,
+    all_checkpointed: Timeline | None = None,
 ) -> PlacementProfile:
     """Measure the terms with three walks (no block, block 0 only, every block checkpointed) and
     check, event by event, that every block of each walk is what the terms predict."""
     n = graph.model.n_layers
     if n < MIN_BLOCKS:
         raise NotDecomposableError(f"{n} blocks: enumerate the placements instead")
-    runs = {}
-    for name, blocks in (("none", ()), ("first", (0,)), ("all", tuple(range(n)))):
-        timeline = simulate_step(graph, static, round_bytes, checkpoint_units(n, blocks), grad_accum_steps,  # type: ignore[arg-type]
-                                 record_trace=True)
+    runs: dict[str, tuple[dict[tuple[int, str, int], list[int]], list[int]]] = {}
+    for name, placed in (("none", ()), ("first", (0,)), ("all", tuple(range(n)))):
+        if name == "all" and all_checkpointed is not None and all_checkpointed.trace:
+            timeline = all_checkpointed  # the caller already walked it
+        else:
+            timeline = simulate_step(graph, static, round_bytes, checkpoint_units(n, placed),  # type: ignore[arg-type]
+                                     grad_accum_steps, record_trace=True)
         runs[name] = _split(graph, timeline.trace)
     first: dict[int, Terms] = {}
     terms: dict[int, Terms] = {}
     step: dict[int, dict[tuple[int, str], int]] = {}
     for status, run in ((0, "none"), (1, "all")):
-        blocks = runs[run][0]
+        events = runs[run][0]
         first[status], terms[status], step[status] = {}, {}, {}
-        for (micro, group, block), values in blocks.items():
+        for (micro, group, block), values in events.items():
             if block == 1:
                 key = (micro, group)
-                step[status][key] = blocks[(micro, group, 2)][0] - values[0]
+                step[status][key] = events[(micro, group, 2)][0] - values[0]
                 terms[status][key] = [v - step[status][key] for v in values]
-                first[status][key] = blocks[(micro, group, 0)]
+                first[status][key] = events[(micro, group, 0)]
     after = runs["first"][0]
     terms[_AFTER] = {
         (micro, group): [v - step[1][(micro, group)] for v in values]
@@ -173,8 +178,8 @@ def placement_profile(
         (runs["all"][0], lambda i: [_CKPT] * (i + 1)),
         (after, lambda i: [_CKPT] + [_AFTER] * i),
     )
-    for blocks, kinds_of in checks:  # linearity, event by event
-        for (micro, group, block), values in blocks.items():
+    for events, kinds_of in checks:  # linearity, event by event
+        for (micro, group, block), values in events.items():
             if block == 0:
                 continue
             key = (micro, group)

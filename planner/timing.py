@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hardware.dtypes import ComputePrecision
 from hardware.profile import HardwareProfile
-from hardware.roofline import Bound, op_time
+from hardware.roofline import Bound, OpTime, op_time
 from planner.graph import GraphNode, LayerGraph
 from planner.optimizer import OptimizerSpec
 
@@ -105,15 +105,40 @@ class TimeBreakdown(BaseModel):
 
 
 def op_roofline(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile) -> OpRoofline:
+    """One op's roofline (built without re-validation: every input is already validated)."""
+    return _roofline(op, _cost_times(op, precision, hw))
+
+
+def op_rooflines_of(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: HardwareProfile) -> tuple[OpRoofline, ...]:
+    """Rooflines of many ops; identical blocks share their cost objects, so each distinct cost
+    is timed once."""
+    timed: dict[int, tuple[OpTime, OpTime, float, float]] = {}
+    out = []
+    for op in ops:
+        key = id(op.cost)
+        if key not in timed:
+            timed[key] = _cost_times(op, precision, hw)
+        out.append(_roofline(op, timed[key]))
+    return tuple(out)
+
+
+def _cost_times(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile) -> tuple[OpTime, OpTime, float, float]:
     cost = op.cost
     compute = precision if cost.matmul else ComputePrecision.FP32
     fwd = op_time(cost.fwd_exec, cost.fwd_bytes_moved, compute, hw, cost.fwd_kernels)
     bwd_flops = cost.bwd_exec if cost.has_backward else 0.0
     bwd_bytes = cost.bwd_bytes_moved if cost.has_backward else 0.0
     bwd = op_time(bwd_flops, bwd_bytes, compute, hw, cost.bwd_kernels if cost.has_backward else 0)
+    return fwd, bwd, bwd_flops, bwd_bytes
+
+
+def _roofline(op: GraphNode, times: tuple[OpTime, OpTime, float, float]) -> OpRoofline:
+    fwd, bwd, bwd_flops, bwd_bytes = times
+    cost = op.cost
     total_flops = cost.fwd_exec + bwd_flops
     total_bytes = cost.fwd_bytes_moved + bwd_bytes
-    return OpRoofline(
+    compute_bound = fwd.compute_time_s + bwd.compute_time_s >= fwd.memory_time_s + bwd.memory_time_s
+    return OpRoofline.model_construct(
         name=op.spec.name,
         kind=op.spec.kind.value,
         block=op.spec.block,
@@ -122,7 +147,7 @@ def op_roofline(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile)
         fwd_bytes=cost.fwd_bytes_moved,
         bwd_bytes=bwd_bytes,
         intensity_flops_per_byte=total_flops / total_bytes if total_bytes else math.inf,
-        bound=Bound.COMPUTE if fwd.compute_time_s + bwd.compute_time_s >= fwd.memory_time_s + bwd.memory_time_s else Bound.MEMORY,
+        bound=Bound.COMPUTE if compute_bound and total_flops > 0 else Bound.MEMORY,
         fwd_time_s=fwd.time_s,
         bwd_time_s=bwd.time_s,
         lower_bound_s=fwd.lower_bound_s + bwd.lower_bound_s,
@@ -142,16 +167,42 @@ def optimizer_time_s(
     return timing.time_s, timing.lower_bound_s
 
 
+class OpTimes(BaseModel):
+    """Per-op times of one micro-batch, as plain sequences (what the search sums)."""
+
+    model_config = ConfigDict(frozen=True)
+    names: tuple[str, ...]
+    fwd_s: tuple[float, ...]
+    bwd_s: tuple[float, ...]
+    lower_bound_s: tuple[float, ...]
+
+
+def op_times(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: HardwareProfile) -> OpTimes:
+    """Forward, backward and lower-bound time of every op (each distinct cost timed once)."""
+    timed: dict[int, tuple[OpTime, OpTime, float, float]] = {}
+    fwd, bwd, lower = [], [], []
+    for op in ops:
+        key = id(op.cost)
+        if key not in timed:
+            timed[key] = _cost_times(op, precision, hw)
+        f, b, _, _ = timed[key]
+        fwd.append(f.time_s)
+        bwd.append(b.time_s)
+        lower.append(f.lower_bound_s + b.lower_bound_s)
+    return OpTimes.model_construct(names=tuple(op.spec.name for op in ops), fwd_s=tuple(fwd), bwd_s=tuple(bwd),
+                                   lower_bound_s=tuple(lower))
+
+
 def step_time(
-    ops: tuple[OpRoofline, ...],
+    times: OpTimes,
     recomputed: frozenset[str],
     grad_accum_steps: int,
     optimizer_s: tuple[float, float],
 ) -> TimeBreakdown:
-    forward = sum(op.fwd_time_s for op in ops)
-    backward = sum(op.bwd_time_s for op in ops)
-    recompute = sum(op.fwd_time_s for op in ops if op.name in recomputed)
-    lower = sum(op.lower_bound_s for op in ops)  # recomputation is not required work: not in the bound
+    forward = sum(times.fwd_s)
+    backward = sum(times.bwd_s)
+    recompute = sum(t for name, t in zip(times.names, times.fwd_s, strict=True) if name in recomputed)
+    lower = sum(times.lower_bound_s)  # recomputation is not required work: not in the bound
     n = grad_accum_steps
     return TimeBreakdown(
         forward_s=n * forward,

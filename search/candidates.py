@@ -19,7 +19,7 @@ from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
 from planner.estimate import Estimate, cached_graph, check_knobs, device_bytes, estimate, static_for, timing
 from planner.knobs import Knobs
-from planner.memory import checkpoint_units, recomputed_ops, simulate_step
+from planner.memory import Timeline, checkpoint_units, recomputed_ops, simulate_step
 from planner.placement import NotDecomposableError, placement_profile
 from planner.precision import PrecisionPolicy
 from planner.results import ParetoPoint
@@ -29,26 +29,38 @@ BRUTE_FORCE_MAX_BLOCKS = 12
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The best plan at one search point, and every placement priced on the way."""
+    """The best plan at one search point, and every placement priced on the way.
 
-    knobs: Knobs
-    estimate: Estimate
+    ``chosen`` carries the solver's step time and device bytes; ``exact`` re-prices it with
+    the full memory walk (the search does that for the plans it reports).
+    """
+
+    chosen: ParetoPoint
     points: tuple[ParetoPoint, ...]
+    cap_bytes: int
+
+    @property
+    def knobs(self) -> Knobs:
+        return self.chosen.knobs
 
     @property
     def fits(self) -> bool:
-        return self.estimate.memory.fits
+        return self.chosen.device_bytes <= self.cap_bytes
+
+    def exact(self, model: ModelConfig, training: TrainConfig, hw: HardwareProfile) -> Estimate:
+        return estimate(model, training, hw, self.chosen.knobs, self.cap_bytes)
 
 
 def _per_block_curve(
-    model: ModelConfig, training: TrainConfig, hw: HardwareProfile, base: Knobs
+    model: ModelConfig, training: TrainConfig, hw: HardwareProfile, base: Knobs, all_checkpointed: Timeline
 ) -> list[tuple[int, tuple[int, ...]]]:
     """For k = 0..L checkpointed blocks: the lowest peak and a placement reaching it."""
     spec = check_knobs(model, training, hw, base)
     graph = cached_graph(model, base.micro_batch_size, training.seq_len, spec)
     static = static_for(graph, hw, training, base)
     try:
-        return placement_profile(graph, static, hw.round_alloc, base.grad_accum_steps).min_peak_by_count()
+        profile = placement_profile(graph, static, hw.round_alloc, base.grad_accum_steps, all_checkpointed)
+        return profile.min_peak_by_count()
     except NotDecomposableError:
         pass
     n = model.n_layers
@@ -92,24 +104,37 @@ def evaluate(
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
         est = estimate(model, training, hw, knobs, cap_bytes)
         point = ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs)
-        return Evaluation(knobs=knobs, estimate=est, points=(point,))
+        return Evaluation(chosen=point, points=(point,), cap_bytes=cap_bytes)
     spec = check_knobs(model, training, hw, base)
     graph = cached_graph(model, micro_batch_size, training.seq_len, spec)
-    ops, no_recompute = timing(graph, hw, training, base.grad_accum_steps, frozenset())
-    fwd_s = {op.name: op.fwd_time_s for op in ops}
+    times, no_recompute = timing(graph, hw, training, base.grad_accum_steps, frozenset())
+    fwd_s = dict(zip(times.names, times.fwd_s, strict=True))
     # a step's time is additive in the forward time each checkpointed block runs again
     rerun_s = [
         base.grad_accum_steps * sum(fwd_s[name] for name in recomputed_ops(graph, checkpoint_units(model.n_layers, (b,))))
         for b in range(model.n_layers)
     ]
     points: list[ParetoPoint] = []
-    for peak, placement in _per_block_curve(model, training, hw, base):
+    every = tuple(range(model.n_layers))
+    static = static_for(graph, hw, training, base)
+    all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, every),
+                             base.grad_accum_steps, record_trace=True)
+    all_peak = all_walk.peak.bytes
+    if device_bytes(all_peak, hw) <= cap_bytes:
+        curve = _per_block_curve(model, training, hw, base, all_walk)
+    else:  # not even every block checkpointed fits: no per-block placement can
+        curve = [(all_peak, (1,) * model.n_layers)]
+    for peak, placement in curve:
         blocks = tuple(i for i, s in enumerate(placement) if s)
         step_s = no_recompute.step_time_s + sum(rerun_s[b] for b in blocks)
         knobs = base.model_copy(update={"checkpoint_blocks": blocks})
         points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(peak, hw), knobs=knobs))
     fitting = [p for p in points if p.device_bytes <= cap_bytes]
-    if not fitting and allow_segments:
+    # segments keep one input per segment instead of one per block: at best they save all but
+    # one block input; skip them when even that cannot reach the cap
+    block_input = hw.round_alloc(graph.node("blocks.0.attn_norm").cost.output.n_bytes)
+    best_case = device_bytes(all_peak - (model.n_layers - 1) * block_input, hw)
+    if not fitting and allow_segments and best_case <= cap_bytes:
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})
             est = estimate(model, training, hw, knobs, cap_bytes)
@@ -119,5 +144,4 @@ def evaluate(
         chosen = min(fitting, key=lambda p: (p.step_time_s, p.device_bytes))
     else:
         chosen = min(points, key=lambda p: (p.device_bytes, p.step_time_s))
-    est = estimate(model, training, hw, chosen.knobs, cap_bytes)
-    return Evaluation(knobs=chosen.knobs, estimate=est, points=tuple(points))
+    return Evaluation(chosen=chosen, points=tuple(points), cap_bytes=cap_bytes)

@@ -1,0 +1,324 @@
+"""The walk behind ``planner.memory.simulate_step``: one micro-batch's allocations, op by op.
+
+Forward: each op allocates its output; a tensor stays alive while a later op (or a Python frame
+that received it) still needs it, or while some op saved it for backward; extras an op saves live
+until its backward. A checkpointed unit keeps only its inputs; its ops' saves are dropped and
+rebuilt just before the unit's backward. Backward in reverse: input gradients are allocated or
+accumulated, the output gradient is freed, saved tensors are freed once their last user has run,
+parameter gradients appear on the first micro-batch.
+
+Hot loop: categories are list indices and per-op facts are precomputed lists (``_Prepared``),
+so one Llama-7B micro-batch walks in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from planner.graph import LOGITS_NODES, LayerGraph
+from planner.memory_types import CATEGORIES, Category, PeakPoint, Phase, TraceEvent
+from planner.ops.base import LayerCost
+
+_PARAMS, _GRADS, _OPTIMIZER, _DATA, _ACTIVATIONS, _LOGITS, _TEMPORARIES = range(len(CATEGORIES))
+
+
+class Live:
+    """Live bytes per category (list index), with the peak and where it happened."""
+
+    def __init__(self, record_trace: bool = False) -> None:
+        self.by_category = [0] * len(CATEGORIES)
+        self.total = 0
+        self.peak: PeakPoint | None = None
+        self.peak_bytes = -1
+        self.micro_batch = 0
+        self.trace: list[TraceEvent] | None = [] if record_trace else None
+
+    def add(self, category: int, n_bytes: int) -> None:
+        self.by_category[category] += n_bytes
+        self.total += n_bytes
+
+    def reset_grads(self, n_bytes: int) -> None:
+        """After the first micro-batch: every parameter gradient exists."""
+        self.total += n_bytes - self.by_category[_GRADS]
+        self.by_category[_GRADS] = n_bytes
+
+    def observe(self, phase: Phase, op: str, temporaries: int = 0, logits: int = 0) -> None:
+        """A candidate peak: what is live now plus momentary bytes."""
+        total = self.total + temporaries + logits
+        if self.trace is not None:
+            self.trace.append(TraceEvent(self.micro_batch, phase, op, total))
+        if total > self.peak_bytes:
+            breakdown = dict(zip(CATEGORIES, self.by_category, strict=True))
+            breakdown[Category.TEMPORARIES] += temporaries
+            breakdown[Category.LOGITS] += logits
+            self.peak_bytes = total
+            self.peak = PeakPoint(total, phase, op, self.micro_batch, breakdown)
+
+    def category_bytes(self, category: Category) -> int:
+        return self.by_category[CATEGORIES.index(category)]
+
+
+def recompute_span(costs: Sequence[LayerCost]) -> tuple[int, int | None]:
+    """How much of a checkpoint unit (its ops' costs, in order) the recompute runs.
+
+    Returns (n, final): the first n ops run in full; ``final`` is the index of an op that only
+    packs its saved inputs (a trailing matmul, stopped before its kernel), or None. The recompute
+    stops once the last op that saves anything has saved it.
+    """
+    last = 0
+    for position, cost in enumerate(costs):
+        if cost.saves_output or any(cost.saves_inputs) or cost.saved_extra_bytes or cost.autocast_copy_bytes:
+            last = position
+    if costs and costs[last].saves_before_compute:
+        return last, last
+    return last + 1, None
+
+
+class Prepared:
+    """Graph facts the walk needs, independent of the checkpoint placement."""
+
+    def __init__(self, graph: LayerGraph, round_bytes: Callable[[int], int]) -> None:
+        self.graph = graph
+        nodes = graph.nodes
+        self.nodes = nodes
+        self.names = list(graph.order)
+        position = {name: i for i, name in enumerate(graph.order)}
+        n = self.n = len(nodes)
+        self.inputs: list[tuple[int, ...]] = [tuple(position[p] for p in op.inputs) for op in nodes]
+        self.consumers: list[list[int]] = [[] for _ in range(n)]
+        self.savers: list[list[int]] = [[] for _ in range(n)]  # ops whose backward needs tensor t
+        for c, inputs in enumerate(self.inputs):
+            for slot, p in enumerate(inputs):
+                self.consumers[p].append(c)
+                if nodes[c].cost.saves_input(slot):
+                    self.savers[p].append(c)
+        for t, op in enumerate(nodes):
+            if op.cost.saves_output:
+                self.savers[t].append(t)
+        # forward-only users: the op whose completion ends a Python frame holding the tensor
+        self.frame_users: list[list[int]] = [[] for _ in range(n)]
+        for tensor, until in graph.held_until.items():
+            self.frame_users[position[tensor]].append(position[until])
+        self.users_by_op: list[list[int]] = [[] for _ in range(n)]  # op -> tensors it ends a hold on
+        for t in range(n):
+            for user in self.consumers[t] + self.frame_users[t]:
+                self.users_by_op[user].append(t)
+        self.out_bytes = [round_bytes(op.cost.output.n_bytes) for op in nodes]
+        self.out_grad = [op.cost.output.requires_grad and op.cost.has_backward for op in nodes]
+        self.extras = [sum(round_bytes(b) for b in op.cost.saved_extra_bytes) for op in nodes]
+        self.copies = [sum(round_bytes(b) for b in op.cost.autocast_copy_bytes) for op in nodes]
+        self.category = [_LOGITS if op.spec.name in LOGITS_NODES else _ACTIVATIONS for op in nodes]
+        self.grad_category = [_LOGITS if c == _LOGITS else _TEMPORARIES for c in self.category]
+        self.block = [op.spec.block for op in nodes]
+        self.fwd_transient = [op.cost.fwd_transient_bytes for op in nodes]
+        self.unsaved_transient = [op.cost.unsaved_fwd_transient_bytes for op in nodes]
+        self.bwd_transient = [op.cost.bwd_transient_bytes for op in nodes]
+        self.fwd_flops = [op.cost.fwd_flops for op in nodes]
+        self.has_backward = [op.cost.has_backward for op in nodes]
+        self.aliases = [tuple(op.cost.grad_aliases_input(s) for s in range(len(op.inputs))) for op in nodes]
+        self.saved_slots = [tuple(op.cost.saves_input(s) for s in range(len(op.inputs))) for op in nodes]
+        self.params: list[tuple[tuple[str, int], ...]] = [
+            tuple((p.name, round_bytes(p.numel * graph.precision.grad_dtype.n_bytes)) for p in op.spec.params)
+            for op in nodes
+        ]
+        self.full_pending = [len(self.consumers[t]) + len(self.frame_users[t]) for t in range(n)]
+
+
+class Walk:
+    """One micro-batch: forward, then backward with recomputation, for a checkpoint placement."""
+
+    def __init__(self, prep: Prepared, units: dict[int, int], live: Live, grads_exist: bool) -> None:
+        self.p = prep
+        self.live = live
+        self.grads_exist = grads_exist
+        n = prep.n
+        self.unit = [units.get(b) if b is not None else None for b in prep.block]
+        self.alive = [False] * n  # output tensor allocated
+        self.holds = [0] * n  # backward users still holding a tensor
+        self.release: list[list[int]] = [[] for _ in range(n)]  # node -> tensors it holds
+        self.extras_alive = [False] * n
+        self.copies_alive = [False] * n
+        self.grad_buffer: list[int] = [0] * n  # tensor -> gradient buffer id (0: none)
+        self.buffers: dict[int, list[int]] = {}  # id -> [bytes, category, refcount]
+        self.next_buffer = 0
+        self.param_grads_seen: set[str] = set()
+        self.recompute_flops = 0.0
+        self.recomputed: list[int] = []
+        self.unit_members: dict[int, list[int]] = {}
+        for i, u in enumerate(self.unit):
+            if u is not None:
+                self.unit_members.setdefault(u, []).append(i)
+
+    # --- tensors ----------------------------------------------------------------------------
+    def _free_tensor(self, t: int) -> None:
+        if self.alive[t]:
+            self.alive[t] = False
+            self.live.add(self.p.category[t], -self.p.out_bytes[t])
+
+    def _hold_for_backward(self, t: int, unit: int | None) -> None:
+        """Ops whose backward needs tensor t hold it: savers outside checkpointed units (unit=None),
+        or savers inside ``unit`` during its recompute; a checkpointed unit consuming t from
+        outside holds it (as a checkpoint input) until the unit's backward ends."""
+        users = {s for s in self.p.savers[t] if self.unit[s] == unit}
+        if unit is None:
+            own = self.unit[t]
+            for c in self.p.consumers[t]:
+                cu = self.unit[c]
+                if cu is not None and cu != own:
+                    users.add(self.unit_members[cu][0])
+        for user in users:
+            self.release[user].append(t)
+        self.holds[t] += len(users)
+
+    # --- forward ----------------------------------------------------------------------------
+    def _run_forward(self, members: list[int], phase: Phase, unit: int | None) -> None:
+        p, live, last = self.p, self.live, self.p.n - 1
+        if phase is Phase.FORWARD:
+            pending = dict(enumerate(p.full_pending))
+        else:
+            member_set = set(members)
+            pending = {
+                i: sum(1 for c in p.consumers[i] if c in member_set) + sum(1 for c in p.frame_users[i] if c in member_set)
+                for i in members
+            }
+        recompute = phase is Phase.RECOMPUTE
+        for i in members:
+            cat = p.category[i]
+            live.add(cat, p.out_bytes[i])
+            self.alive[i] = True
+            if p.copies[i]:
+                live.add(_TEMPORARIES, p.copies[i])
+                self.copies_alive[i] = True
+            if self.unit[i] is None or unit is not None:
+                live.add(cat, p.extras[i])
+                self.extras_alive[i] = True
+                transient = p.fwd_transient[i]
+            elif p.unsaved_transient[i] is not None:
+                transient = p.unsaved_transient[i]  # type: ignore[assignment]
+            else:  # checkpointed: the pack hook drops what the op saved once the op returns
+                transient = p.extras[i] + p.fwd_transient[i]
+            live.observe(phase, p.names[i], transient)
+            self._hold_for_backward(i, unit)
+            if recompute:
+                self.recompute_flops += p.fwd_flops[i]
+                self.recomputed.append(i)
+            for t in p.users_by_op[i]:
+                if t in pending:
+                    pending[t] -= 1
+                    if pending[t] == 0 and self.holds[t] == 0 and t != last:
+                        self._free_tensor(t)
+            if pending[i] == 0 and self.holds[i] == 0 and i != last:
+                self._free_tensor(i)
+
+    def forward(self) -> tuple[int, int]:
+        p = self.p
+        self._run_forward(list(range(p.n)), Phase.FORWARD, None)
+        # autocast exits: the cached weight copies of checkpointed ops are released
+        for i, alive in enumerate(self.copies_alive):
+            if alive and self.unit[i] is not None:
+                self.copies_alive[i] = False
+                self.live.add(_TEMPORARIES, -p.copies[i])
+        return self.live.by_category[_ACTIVATIONS], self.live.by_category[_LOGITS]
+
+    # --- backward ---------------------------------------------------------------------------
+    def _recompute(self, u: int) -> None:
+        """Non-reentrant checkpoint: re-run the unit's forward until every tensor it saved is
+        rebuilt (torch raises a stop once the last one is packed). Autograd packs a matmul's
+        saved inputs before running it, so a unit ending in a matmul stops short of its kernel:
+        only its saves (and any autocast casts, made before the kernel) happen."""
+        p = self.p
+        members = self.unit_members[u]
+        ran, final = recompute_span([p.nodes[i].cost for i in members])
+        self._run_forward(members[:ran], Phase.RECOMPUTE, u)
+        if final is None:
+            return
+        final = members[final]
+        if p.copies[final]:
+            self.live.add(_TEMPORARIES, p.copies[final])
+            self.copies_alive[final] = True
+        self.live.add(p.category[final], p.extras[final])
+        self.extras_alive[final] = True
+        self.live.observe(Phase.RECOMPUTE, p.names[final])
+        for slot, t in enumerate(p.inputs[final]):
+            if p.saved_slots[final][slot]:
+                self.release[final].append(t)
+                self.holds[t] += 1
+
+    def _new_buffer(self, n_bytes: int, category: int) -> int:
+        self.next_buffer += 1
+        self.buffers[self.next_buffer] = [n_bytes, category, 1]
+        self.live.add(category, n_bytes)
+        return self.next_buffer
+
+    def _drop_buffer(self, key: int) -> None:
+        if not key:
+            return
+        entry = self.buffers[key]
+        if entry[2] > 1:
+            entry[2] -= 1
+        else:
+            del self.buffers[key]
+            self.live.add(entry[1], -entry[0])
+
+    def _param_grads(self, i: int) -> int:
+        """Parameter grads of op i: allocated on first sight (returns 0), else a transient that
+        is added in place (returns its bytes)."""
+        momentary = 0
+        for name, n_bytes in self.p.params[i]:
+            if self.grads_exist or name in self.param_grads_seen:
+                momentary += n_bytes
+            else:
+                self.param_grads_seen.add(name)
+                self.live.add(_GRADS, n_bytes)
+        return momentary
+
+    def backward(self) -> None:
+        p, live = self.p, self.live
+        n = p.n
+        self.grad_buffer[n - 1] = self._new_buffer(512, _LOGITS)  # d loss / d loss
+        for i in range(n - 1, -1, -1):
+            u = self.unit[i]
+            if u is not None and self.unit_members[u][-1] == i:
+                self._recompute(u)
+            cast_later = False
+            own = self.grad_buffer[i]
+            if p.has_backward[i] and own:
+                momentary = [0, 0]  # temporaries, logits
+                momentary[p.grad_category[i] == _LOGITS] += p.bwd_transient[i]
+                aliases = p.aliases[i]
+                for slot, t in enumerate(p.inputs[i]):
+                    if not p.out_grad[t]:
+                        continue
+                    if not self.grad_buffer[t]:
+                        if aliases[slot]:
+                            self.buffers[own][2] += 1
+                            self.grad_buffer[t] = own
+                        else:
+                            self.grad_buffer[t] = self._new_buffer(p.out_bytes[t], p.grad_category[t])
+                    elif not aliases[slot]:
+                        momentary[p.grad_category[t] == _LOGITS] += p.out_bytes[t]  # accumulated in place
+                # under autocast the weight grad is computed in low precision (part of the
+                # transient) and cast to the fp32 .grad afterwards, once the op has released
+                # what it saved (ToCopyBackward runs after the matmul's backward node)
+                cast_later = bool(p.copies[i])
+                if not cast_later:
+                    momentary[0] += self._param_grads(i)
+                live.observe(Phase.BACKWARD, p.names[i], momentary[0], momentary[1])
+            self._drop_buffer(own)
+            self.grad_buffer[i] = 0
+            for t in self.release[i]:
+                self.holds[t] -= 1
+                if self.holds[t] == 0:
+                    self._free_tensor(t)
+            self.release[i] = []
+            if self.extras_alive[i]:
+                self.extras_alive[i] = False
+                live.add(p.category[i], -p.extras[i])
+            if self.copies_alive[i]:
+                self.copies_alive[i] = False
+                live.add(_TEMPORARIES, -p.copies[i])
+            if cast_later:
+                live.observe(Phase.BACKWARD, p.names[i], p.copies[i] + self._param_grads(i))
+        self._free_tensor(n - 1)
+        for key in list(self.buffers):
+            self._drop_buffer(key)
