@@ -11,6 +11,7 @@ lazily by the calls that need them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,13 @@ from hardware.registry import load_hardware
 from hardware.units import parse_bytes
 from hardware.validation import describe_validation_error
 from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
-from planner.errors import ConfigError
+from planner.advice import infeasible_message
+from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import estimate
 from planner.knobs import Knobs, parse_checkpoint_spec
 from planner.model_io import Workload, resolve
 from planner.params import count_params
+from planner.precision import PrecisionPolicy
 from planner.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
 
 
@@ -70,7 +73,7 @@ def estimate_plan(
 ) -> PlanResult:
     """The estimate of one fully fixed configuration, wrapped as a plan result."""
     hw = load_hardware(hardware)
-    cap = hbm_cap(hw, hbm)
+    cap = hbm if isinstance(hbm, int) else hbm_cap(hw, hbm)
     result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap)
     return PlanResult(
         model=summarize_model(model),
@@ -81,8 +84,98 @@ def estimate_plan(
     )
 
 
+def plan(
+    model: ModelConfig,
+    training: TrainConfig,
+    hardware: str | Path | HardwareProfile | None = None,
+    hbm: str | int | None = None,
+    *,
+    precisions: Sequence[str] | None = None,
+    micro_batch_size: int | None = None,
+    checkpoint: str | Sequence[int] | None = None,
+    sampler: str = "tpe",
+    n_trials: int = 30,
+    seed: int = 0,
+    storage: str | None = None,
+    study_name: str | None = None,
+    allow_segments: bool = True,
+    on_trial: Callable[[int, int], None] | None = None,
+) -> PlanResult:
+    """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
+
+    ``checkpoint`` is ``"none"``, ``"all"``, ``"0,2,5-9"`` or a list of block indices. Raises
+    ``InfeasibleError`` (exit code 1 on the command line) when nothing fits, with the smallest
+    plan found and what would make it fit.
+    """
+    hw = load_hardware(hardware)
+    cap = hbm_cap(hw, hbm)
+    policies = _policies(precisions)
+    blocks = _checkpoint_blocks(checkpoint, model.n_layers)
+    if micro_batch_size is not None and (micro_batch_size <= 0 or training.global_batch_size % micro_batch_size):
+        raise ConfigError(
+            f"--micro-batch: {micro_batch_size} must be a positive divisor of the global batch {training.global_batch_size}"
+        )
+    if micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None:
+        knobs = Knobs(
+            micro_batch_size=micro_batch_size,
+            grad_accum_steps=training.global_batch_size // micro_batch_size,
+            precision=policies[0],
+            checkpoint_blocks=blocks,
+        )
+        return estimate_plan(model, training, hw, knobs, hbm=cap)
+
+    from search.space import build_space
+    from search.study import SamplerKind, SearchOptions, run_search
+
+    space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments)
+    try:
+        options = SearchOptions(sampler=SamplerKind(sampler), n_trials=n_trials, seed=seed, storage=storage,
+                                study_name=study_name)
+    except ValueError as error:
+        kinds = ", ".join(k.value for k in SamplerKind)
+        if "sampler" in str(error):
+            raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {kinds}") from None
+        raise ConfigError(describe_validation_error(error, "search options")) from None  # type: ignore[arg-type]
+    outcome = run_search(model, training, hw, cap, space, options, on_trial)
+    if outcome.best is None:
+        if outcome.closest is None:
+            raise InfeasibleError(f"nothing fits in {cap} bytes on {hw.name}, and no plan could be priced")
+        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest))
+    return PlanResult(
+        model=summarize_model(model),
+        training=training,
+        hardware=hw,
+        hbm_cap_bytes=cap,
+        best=outcome.best,
+        alternatives=outcome.alternatives,
+        pareto=outcome.pareto,
+        search=outcome.stats,
+    )
+
+
+def _policies(precisions: Sequence[str] | str | None) -> tuple[PrecisionPolicy, ...] | None:
+    if precisions is None:
+        return None
+    names = [p.strip() for p in (precisions.split(",") if isinstance(precisions, str) else precisions) if p.strip()]
+    try:
+        return tuple(PrecisionPolicy(name) for name in names) or None
+    except ValueError:
+        bad = next(n for n in names if n not in {p.value for p in PrecisionPolicy})
+        choices = ", ".join(p.value for p in PrecisionPolicy)
+        raise ConfigError(f"--precision: {bad!r} is not a policy; use {choices}") from None
+
+
+def _checkpoint_blocks(checkpoint: str | Sequence[int] | None, n_layers: int) -> tuple[int, ...] | None:
+    if checkpoint is None:
+        return None
+    if isinstance(checkpoint, str):
+        return parse_checkpoint_spec(checkpoint, n_layers)
+    return parse_checkpoint_spec(",".join(str(int(b)) for b in checkpoint) or "none", n_layers)
+
+
 __all__ = [
     "ConfigError",
+    "InfeasibleError",
     "Knobs",
     "ModelSummary",
     "OptimizerImpl",
@@ -96,5 +189,6 @@ __all__ = [
     "load_hardware",
     "load_model",
     "parse_checkpoint_spec",
+    "plan",
     "summarize_model",
 ]

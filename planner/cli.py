@@ -27,13 +27,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hbm", default=None, help="memory cap per GPU: 80GB (10^9), 80GiB (2^30) or bytes; default the device's")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (overrides the training section)")
     p.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step (overrides)")
-    p.add_argument("--micro-batch", type=int, default=None, help="sequences per forward/backward on one GPU")
-    p.add_argument("--precision", default=None, help="fp32, tf32, bf16-mixed, fp16-mixed, bf16-true, fp8-mixed")
-    p.add_argument("--checkpoint", default=None, help="blocks to checkpoint: none, all, or indices like 0,2,5-9")
+    p.add_argument("--micro-batch", type=int, default=None, help="sequences per forward/backward on one GPU (searched if omitted)")
+    p.add_argument("--precision", default=None,
+                   help="policy or comma list to search: fp32, tf32, bf16-mixed, fp16-mixed, bf16-true, fp8-mixed "
+                        "(default: bf16-mixed,bf16-true where the device runs bf16)")
+    p.add_argument("--checkpoint", default=None,
+                   help="blocks to checkpoint: none, all, or indices like 0,2,5-9 (solved exactly if omitted)")
     p.add_argument("--attention", choices=("flash", "eager"), default=None, help="attention implementation")
     p.add_argument("--dropout", type=float, default=None, help="dropout probability")
     p.add_argument("--optimizer", choices=("adamw", "sgd-momentum", "sgd"), default=None)
     p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default=None)
+    p.add_argument("--sampler", default="tpe", help="tpe (default), random or exhaustive")
+    p.add_argument("--trials", type=int, default=30, help="sampler trials in this process (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same result)")
+    p.add_argument("--storage", default=None, help="optuna storage URL shared by workers, e.g. sqlite:///study.db")
+    p.add_argument("--study-name", default=None, help="study to create or join in --storage")
+    p.add_argument("--no-segments", action="store_true", help="do not consider multi-block checkpoint segments")
+    p.add_argument("--out", default=None, help="write the plan file (JSON) that `validate` runs")
+    p.add_argument("--plot", default=None, help="directory for PNG charts: Pareto front, memory breakdown, timeline")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
@@ -41,7 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     from planner import api
     from planner.errors import ConfigError
-    from planner.knobs import Knobs
 
     model, training = api.load_model(
         args.model,
@@ -52,38 +62,73 @@ def _run(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         optimizer_impl=args.optimizer_impl,
     )
-    free = [flag for flag, value in (("--micro-batch", args.micro_batch), ("--precision", args.precision),
-                                     ("--checkpoint", args.checkpoint)) if value is None]
-    if free:
-        raise ConfigError(
-            f"{', '.join(free)}: not given; the search over free knobs is not available yet, so fix "
-            "--micro-batch, --precision and --checkpoint"
-        )
-    if "," in args.precision:
-        raise ConfigError("--precision: give one policy when all knobs are fixed")
-    if args.micro_batch <= 0 or training.global_batch_size % args.micro_batch:
-        raise ConfigError(
-            f"--micro-batch: {args.micro_batch} must be a positive divisor of the global batch {training.global_batch_size}"
-        )
-    try:
-        knobs = Knobs(
+    if args.trials <= 0:
+        raise ConfigError(f"--trials: must be positive, got {args.trials}")
+    if args.storage and not args.study_name:
+        raise ConfigError("--study-name: required with --storage, so that workers join the same study")
+    with _progress(enabled=sys.stderr.isatty()) as on_trial:
+        result = api.plan(
+            model,
+            training,
+            args.hardware,
+            args.hbm,
+            precisions=args.precision,
             micro_batch_size=args.micro_batch,
-            grad_accum_steps=training.global_batch_size // args.micro_batch,
-            precision=args.precision,
-            checkpoint_blocks=api.parse_checkpoint_spec(args.checkpoint, model.n_layers),
+            checkpoint=args.checkpoint,
+            sampler=args.sampler,
+            n_trials=args.trials,
+            seed=args.seed,
+            storage=args.storage,
+            study_name=args.study_name,
+            allow_segments=not args.no_segments,
+            on_trial=on_trial,
         )
-    except ValueError as error:
-        first = str(error).splitlines()
-        raise ConfigError(f"--precision: {args.precision!r} is not a policy; use fp32, tf32, bf16-mixed, "
-                          f"fp16-mixed, bf16-true or fp8-mixed" if "precision" in str(error) else first[0]) from None
-    result = api.estimate_plan(model, training, args.hardware, knobs, hbm=args.hbm)
+    if args.out:
+        result.save(args.out)
+    if args.plot:
+        from planner.plots import write_plots
+
+        written = write_plots(result, args.plot)
     if args.json:
         print(json.dumps(result.model_dump(mode="json"), indent=2))
     else:
         from planner.render import print_report
 
         print_report(result)
+        if args.out:
+            print(f"plan written to {args.out} (run it: validate {args.out})")
+        if args.plot:
+            print(f"charts written: {', '.join(str(p) for p in written)}")
     return 0 if result.best.estimate.memory.fits else 1
+
+
+class _progress:
+    """A rich progress bar on stderr while the search runs (only on a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = None
+        self.task = None
+
+    def __enter__(self):  # noqa: ANN204
+        if not self.enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.bar.__enter__()
+        self.task = self.bar.add_task("search", total=None)
+
+        def on_trial(done: int, total: int) -> None:
+            self.bar.update(self.task, completed=done, total=total)  # type: ignore[union-attr]
+
+        return on_trial
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except PlannerError as error:
-        print(f"plan: error: {error}", file=sys.stderr)
+        label = "plan: error:" if error.exit_code == 2 else "plan:"
+        print(f"{label} {error}", file=sys.stderr)
         return error.exit_code
 
 

@@ -165,8 +165,47 @@ def ops_table(result: PlanResult, limit: int = 10) -> Table:
     return table
 
 
+def alternatives_table(result: PlanResult) -> Table:
+    table = Table(title="Next best plans that fit", title_justify="left")
+    for column in ("micro-batch × accum", "precision", "checkpointed", "device", "step", "vs best"):
+        table.add_column(column, justify="left" if column in ("precision", "checkpointed") else "right")
+    best = result.best.estimate.step_time_s
+    n_layers = result.model.config.n_layers
+    for entry in result.alternatives:
+        k, est = entry.knobs, entry.estimate
+        segments = f" in {len(k.checkpoint_segments)} segments" if k.checkpoint_segments else ""
+        table.add_row(
+            f"{k.micro_batch_size} × {k.grad_accum_steps}",
+            k.precision.value,
+            f"{len(k.checkpointed)}/{n_layers}{segments}",
+            format_bytes(est.memory.device_bytes),
+            _seconds(est.step_time_s),
+            f"+{est.step_time_s / best - 1:.1%}",
+        )
+    return table
+
+
+def search_line(result: PlanResult) -> Text:
+    stats = result.search
+    if stats is None:
+        return Text("")
+    shared = f" · study {stats.study_name} in {stats.storage}" if stats.storage else ""
+    return Text(
+        f"search: {stats.sampler} sampler, {stats.n_trials} trials ({stats.n_feasible} fit), "
+        f"{stats.n_evaluated} configurations priced in {stats.wall_s:.2f} s · Pareto front: "
+        f"{len(result.pareto)} plans (step time vs memory){shared}",
+        style="dim",
+    )
+
+
 def report(result: PlanResult) -> Group:
-    return Group(_title(result), verdict(result), knobs_table(result), memory_table(result), time_table(result), ops_table(result))
+    parts = [_title(result), verdict(result), knobs_table(result), memory_table(result), time_table(result),
+             ops_table(result)]
+    if result.alternatives:
+        parts.append(alternatives_table(result))
+    if result.search is not None:
+        parts.append(search_line(result))
+    return Group(*parts)
 
 
 def print_report(result: PlanResult, console: Console | None = None) -> None:

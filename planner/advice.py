@@ -1,0 +1,51 @@
+"""What to tell a user when nothing fits: the smallest plan, where its bytes go, what would fit."""
+
+from __future__ import annotations
+
+import math
+
+from hardware.registry import bundled_names, load_hardware
+from hardware.units import format_bytes
+from planner.memory import Category
+from planner.results import PlanEntry
+
+
+def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry) -> str:
+    """Several lines: the smallest device footprint found, its breakdown, and what would fit it."""
+    est, knobs = closest.estimate, closest.knobs
+    mem = est.memory
+    hw = load_hardware(hardware_name)
+    n_blocks = len(knobs.checkpointed)
+    segments = f", {len(knobs.checkpoint_segments)} checkpoint segments" if knobs.checkpoint_segments else ""
+    parts = " + ".join(f"{c.value} {format_bytes(b)}" for c, b in mem.at_peak.items() if b > 0 and c in Category)
+    lines = [
+        f"nothing fits in {format_bytes(cap_bytes)} on {hardware_name}: the smallest plan found needs "
+        f"{format_bytes(mem.device_bytes)} on the device",
+        f"  smallest plan: micro-batch {knobs.micro_batch_size} x {knobs.grad_accum_steps} accumulation, "
+        f"{knobs.precision.value}, {n_blocks} blocks checkpointed{segments}",
+        f"  its peak {format_bytes(mem.peak_allocated_bytes)} at {mem.peak_phase.value} / {mem.peak_op}: {parts}",
+        f"  device = peak x {hw.fragmentation_factor:g} fragmentation + {format_bytes(hw.runtime_reserve_bytes, binary=True)} reserve",
+        f"  to fit: a cap of at least {format_bytes(mem.device_bytes)} (--hbm {math.ceil(mem.device_bytes / 1e9)}GB)",
+    ]
+    temporaries = mem.at_peak.get(Category.TEMPORARIES, 0)
+    if mem.peak_phase.value == "optimizer" and temporaries > 0:
+        without = int((mem.peak_allocated_bytes - temporaries) * hw.fragmentation_factor) + hw.runtime_reserve_bytes
+        lines.append(
+            f"  the peak is the foreach optimizer's parameter-sized temporaries: with --optimizer-impl fused the "
+            f"step itself would need about {format_bytes(without)} (the forward/backward peak may then decide)"
+        )
+    fitting = []
+    for name in bundled_names():
+        other = load_hardware(name)
+        if other.kind == hw.kind and other.supports(hw.precisions[0]):
+            need = int(mem.peak_allocated_bytes * other.fragmentation_factor) + other.runtime_reserve_bytes
+            if need <= other.hbm_bytes:
+                fitting.append(f"{name} ({format_bytes(other.hbm_bytes)})")
+    if fitting:
+        lines.append(f"  devices whose memory holds that plan: {', '.join(fitting)}")
+    lines.append(
+        "  or several GPUs with ZeRO/FSDP sharding of parameters, gradients and optimizer state "
+        f"(model state here: {format_bytes(mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes)}); "
+        "multi-GPU plans are not modelled yet"
+    )
+    return "\n".join(lines)

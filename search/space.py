@@ -1,0 +1,82 @@
+"""What the search may choose: micro-batch sizes, precision policies, checkpoint freedom."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from hardware.profile import HardwareProfile
+from planner.config import ModelConfig, TrainConfig
+from planner.errors import ConfigError, UnsupportedPrecisionError
+from planner.precision import PrecisionPolicy, precision_spec
+
+# The default policies, in order of preference (README "Search"): the two bf16 policies every
+# current training stack uses. fp32/tf32 are slow, fp16 needs loss scaling, fp8 changes numerics:
+# they are searched only when asked for with --precision.
+DEFAULT_PRECISIONS = (PrecisionPolicy.BF16_MIXED, PrecisionPolicy.BF16_TRUE)
+FALLBACK_PRECISIONS = (PrecisionPolicy.FP16_MIXED, PrecisionPolicy.FP32)
+
+
+class SearchSpace(BaseModel):
+    """The discrete knobs the sampler picks; checkpoint placement is solved per point."""
+
+    model_config = ConfigDict(frozen=True)
+    micro_batch_sizes: tuple[int, ...]
+    precisions: tuple[PrecisionPolicy, ...]
+    fixed_checkpoint: tuple[int, ...] | None = None
+    allow_segments: bool = True
+
+    @property
+    def size(self) -> int:
+        return len(self.micro_batch_sizes) * len(self.precisions)
+
+    def known_good(self) -> list[tuple[int, PrecisionPolicy]]:
+        """Enqueued first: the smallest micro-batch in every precision (the likeliest to fit)."""
+        return [(self.micro_batch_sizes[0], p) for p in self.precisions]
+
+    def neighbours(self, micro_batch_size: int, precision: str) -> list[tuple[int, str]]:
+        """Adjacent micro-batches in the same precision, the same micro-batch in the others."""
+        sizes = self.micro_batch_sizes
+        i = sizes.index(micro_batch_size)
+        out = [(sizes[j], precision) for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
+        out += [(micro_batch_size, p.value) for p in self.precisions if p.value != precision]
+        return out
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def build_space(
+    model: ModelConfig,
+    training: TrainConfig,
+    hw: HardwareProfile,
+    precisions: tuple[PrecisionPolicy, ...] | None = None,
+    micro_batch_size: int | None = None,
+    checkpoint_blocks: tuple[int, ...] | None = None,
+    allow_segments: bool = True,
+) -> SearchSpace:
+    """The space for one GPU: micro-batches that divide the global batch (accumulation derived),
+    precisions the device runs; a knob given on the command line is fixed."""
+    per_gpu = training.global_batch_size
+    if micro_batch_size is not None:
+        if micro_batch_size <= 0 or per_gpu % micro_batch_size:
+            raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the global batch {per_gpu}")
+        sizes: tuple[int, ...] = (micro_batch_size,)
+    else:
+        sizes = divisors(per_gpu)
+    if precisions is None:
+        chosen = tuple(p for p in DEFAULT_PRECISIONS if hw.supports(precision_spec(p).matmul_precision))
+        if not chosen:
+            chosen = tuple(p for p in FALLBACK_PRECISIONS if hw.supports(precision_spec(p).matmul_precision))[:1]
+    else:
+        for p in precisions:
+            spec = precision_spec(p)
+            if not hw.supports(spec.matmul_precision):
+                runs = ", ".join(x.value for x in hw.precisions)
+                raise UnsupportedPrecisionError(
+                    f"--precision: {p.value} needs {spec.matmul_precision.value} matmuls, which {hw.name} does not run "
+                    f"(it runs {runs})"
+                )
+        chosen = tuple(dict.fromkeys(precisions))
+    return SearchSpace(micro_batch_sizes=sizes, precisions=chosen, fixed_checkpoint=checkpoint_blocks,
+                       allow_segments=allow_segments)

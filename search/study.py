@@ -1,0 +1,208 @@
+"""The search: an optuna study over (micro-batch, precision), placement solved exactly per point.
+
+Optuna owns the search: seeded samplers (TPE by default, random, or an exhaustive grid), the HBM
+cap as a constraint (``device_bytes - cap <= 0``), known-good points enqueued first, and an
+optional RDB storage (``sqlite:///study.db``, PostgreSQL, MySQL) so several ``plan`` processes on
+several machines share one study; the result is read back from the study, so every worker's
+trials count. The objective is step time at the fixed global batch.
+
+The sampler only sees the two discrete knobs. For each point the checkpoint placement is not
+sampled (2^L booleans) but solved exactly (``search.candidates``). After the sampler's budget,
+the unvisited neighbours of the incumbent (adjacent micro-batches, other precisions) are priced
+too, so a sampler that stalls on a small space still ends at the best point around it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+import optuna
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware.profile import HardwareProfile
+from planner.config import ModelConfig, TrainConfig
+from planner.errors import ConfigError
+from planner.knobs import Knobs
+from planner.precision import PrecisionPolicy
+from planner.results import ParetoPoint, PlanEntry, SearchStats
+from search.candidates import Evaluation, evaluate
+from search.pareto import non_dominated
+from search.space import SearchSpace
+
+_MB, _PRECISION = "micro_batch_size", "precision"
+_HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
+
+
+class SamplerKind(StrEnum):
+    TPE = "tpe"
+    RANDOM = "random"
+    EXHAUSTIVE = "exhaustive"
+
+
+class SearchOptions(BaseModel):
+    """How to search (what to search is the SearchSpace)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    sampler: SamplerKind = SamplerKind.TPE
+    n_trials: int = Field(default=30, gt=0, description="sampler trials in this process")
+    seed: int = 0
+    storage: str | None = Field(default=None, description="optuna RDB URL shared by several workers")
+    study_name: str | None = None
+    polish: bool = True
+    n_alternatives: int = Field(default=4, ge=0)
+
+
+class SearchOutcome(BaseModel):
+    """What the study found: the best feasible plan (if any), runners-up, Pareto front, stats."""
+
+    model_config = ConfigDict(frozen=True)
+    best: PlanEntry | None
+    alternatives: tuple[PlanEntry, ...]
+    pareto: tuple[ParetoPoint, ...]
+    closest: PlanEntry | None  # the smallest plan found when nothing fits
+    stats: SearchStats
+
+
+def _sampler(options: SearchOptions, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
+        return [float(trial.user_attrs.get("excess_bytes", 0.0))]
+
+    if options.sampler is SamplerKind.EXHAUSTIVE:
+        grid: dict[str, list[object]] = {_MB: list(space.micro_batch_sizes), _PRECISION: [p.value for p in space.precisions]}
+        return optuna.samplers.GridSampler(grid, seed=options.seed)  # type: ignore[arg-type]
+    if options.sampler is SamplerKind.RANDOM:
+        return optuna.samplers.RandomSampler(seed=options.seed)
+    legacy = {} if _HAS_SET_CONSTRAINT else {"constraints_func": constraints}  # optuna < 5
+    return optuna.samplers.TPESampler(
+        seed=options.seed,
+        n_startup_trials=min(8, max(2, space.size // 3)),
+        multivariate=True,
+        **legacy,  # type: ignore[arg-type]
+    )
+
+
+def _create_study(options: SearchOptions, space: SearchSpace) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.create_study(
+            storage=options.storage,
+            study_name=options.study_name,
+            direction="minimize",
+            sampler=_sampler(options, space),
+            load_if_exists=options.storage is not None,
+        )
+    except (ValueError, ImportError, optuna.exceptions.OptunaError) as error:
+        raise ConfigError(f"--storage: cannot open study {options.study_name!r} at {options.storage!r}: {error}") from None
+    except Exception as error:  # sqlalchemy raises its own errors for a bad URL
+        raise ConfigError(f"--storage: cannot open {options.storage!r}: {type(error).__name__}: {error}") from None
+
+
+def _record(trial: optuna.Trial, ev: Evaluation) -> float:
+    chosen = ev.chosen
+    trial.set_user_attr("knobs", chosen.knobs.model_dump(mode="json"))
+    trial.set_user_attr("device_bytes", chosen.device_bytes)
+    trial.set_user_attr("excess_bytes", chosen.device_bytes - ev.cap_bytes)
+    if _HAS_SET_CONSTRAINT:  # feasibility as a constraint: device_bytes - cap <= 0
+        trial.set_constraint("excess_bytes", float(chosen.device_bytes - ev.cap_bytes))
+    feasible = [p for p in ev.points if p.device_bytes <= ev.cap_bytes]
+    trial.set_user_attr("pareto", [p.model_dump(mode="json") for p in non_dominated(feasible)])
+    return chosen.step_time_s
+
+
+def run_search(
+    model: ModelConfig,
+    training: TrainConfig,
+    hw: HardwareProfile,
+    cap_bytes: int,
+    space: SearchSpace,
+    options: SearchOptions,
+    on_trial: Callable[[int, int], None] | None = None,
+) -> SearchOutcome:
+    """Run (or join) the study and read the answer back from it."""
+    from planner.estimate import estimate
+
+    start = time.perf_counter()
+    evaluations: dict[tuple[int, str], Evaluation] = {}
+
+    def price(mb: int, precision: str) -> Evaluation:
+        key = (mb, precision)
+        if key not in evaluations:
+            evaluations[key] = evaluate(model, training, hw, cap_bytes, mb, PrecisionPolicy(precision),
+                                        space.fixed_checkpoint, space.allow_segments)
+        return evaluations[key]
+
+    def objective(trial: optuna.Trial) -> float:
+        mb = trial.suggest_categorical(_MB, list(space.micro_batch_sizes))
+        precision = trial.suggest_categorical(_PRECISION, [p.value for p in space.precisions])
+        return _record(trial, price(int(mb), str(precision)))  # type: ignore[arg-type]
+
+    study = _create_study(options, space)
+    for mb, precision in space.known_good():
+        study.enqueue_trial({_MB: mb, _PRECISION: precision.value}, skip_if_exists=True)
+    n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
+    done = 0
+
+    def progress(_study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+        nonlocal done
+        done += 1
+        if on_trial is not None:
+            on_trial(done, n_trials)
+
+    study.optimize(objective, n_trials=n_trials, callbacks=[progress])
+    if options.polish and options.sampler is not SamplerKind.EXHAUSTIVE:
+        _polish(study, space, objective, evaluations)
+
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+    feasible = sorted((t for t in trials if t.user_attrs.get("excess_bytes", 1) <= 0), key=lambda t: (t.value, t.number))
+    distinct: list[Knobs] = []
+    for t in feasible:
+        knobs = Knobs.model_validate(t.user_attrs["knobs"])
+        if knobs not in distinct:
+            distinct.append(knobs)
+
+    def entry(knobs: Knobs) -> PlanEntry:
+        return PlanEntry(knobs=knobs, estimate=estimate(model, training, hw, knobs, cap_bytes))
+
+    best = entry(distinct[0]) if distinct else None
+    alternatives = tuple(entry(k) for k in distinct[1 : 1 + options.n_alternatives])
+    points = [ParetoPoint.model_validate(p) for t in feasible for p in t.user_attrs.get("pareto", [])]
+    closest = None
+    if best is None and trials:
+        smallest = min(trials, key=lambda t: (t.user_attrs.get("device_bytes", float("inf")), t.number))
+        closest = entry(Knobs.model_validate(smallest.user_attrs["knobs"]))
+    stats = SearchStats(
+        sampler=options.sampler.value,
+        n_trials=len(trials),
+        n_feasible=len(feasible),
+        n_evaluated=len(evaluations),
+        wall_s=time.perf_counter() - start,
+        study_name=study.study_name if options.storage else None,
+        storage=options.storage,
+    )
+    return SearchOutcome(best=best, alternatives=alternatives, pareto=tuple(non_dominated(points)),
+                         closest=closest, stats=stats)
+
+
+def _polish(
+    study: optuna.Study,
+    space: SearchSpace,
+    objective: Callable[[optuna.Trial], float],
+    evaluations: dict[tuple[int, str], Evaluation],
+) -> None:
+    """Price the unvisited neighbours of the incumbent until it stops improving."""
+    while True:
+        trials = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+        feasible = [t for t in trials if t.user_attrs.get("excess_bytes", 1) <= 0]
+        if not feasible:
+            return
+        incumbent = min(feasible, key=lambda t: (t.value, t.number))
+        visited = {(int(t.params[_MB]), str(t.params[_PRECISION])) for t in trials} | set(evaluations)
+        fresh = [n for n in space.neighbours(int(incumbent.params[_MB]), str(incumbent.params[_PRECISION]))
+                 if n not in visited]
+        if not fresh:
+            return
+        for mb, precision in fresh:
+            study.enqueue_trial({_MB: mb, _PRECISION: precision})
+        study.optimize(objective, n_trials=len(fresh))
