@@ -128,14 +128,13 @@ def plan(
     from search.study import SamplerKind, SearchOptions, run_search
 
     space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments)
+    if sampler not in {k.value for k in SamplerKind}:
+        raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {', '.join(k.value for k in SamplerKind)}")
     try:
         options = SearchOptions(sampler=SamplerKind(sampler), n_trials=n_trials, seed=seed, storage=storage,
                                 study_name=study_name)
-    except ValueError as error:
-        kinds = ", ".join(k.value for k in SamplerKind)
-        if "sampler" in str(error):
-            raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {kinds}") from None
-        raise ConfigError(describe_validation_error(error, "search options")) from None  # type: ignore[arg-type]
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, "search options")) from None
     outcome = run_search(model, training, hw, cap, space, options, on_trial)
     if outcome.best is None:
         if outcome.closest is None:

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hardware.errors import PlannerError
 
@@ -107,8 +107,8 @@ class _progress:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.bar = None
-        self.task = None
+        self.bar: Any = None
+        self.task: Any = None
 
     def __enter__(self):  # noqa: ANN204
         if not self.enabled:
@@ -122,7 +122,7 @@ class _progress:
         self.task = self.bar.add_task("search", total=None)
 
         def on_trial(done: int, total: int) -> None:
-            self.bar.update(self.task, completed=done, total=total)  # type: ignore[union-attr]
+            self.bar.update(self.task, completed=done, total=total)
 
         return on_trial
 

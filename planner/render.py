@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -199,8 +199,8 @@ def search_line(result: PlanResult) -> Text:
 
 
 def report(result: PlanResult) -> Group:
-    parts = [_title(result), verdict(result), knobs_table(result), memory_table(result), time_table(result),
-             ops_table(result)]
+    parts: list[RenderableType] = [_title(result), verdict(result), knobs_table(result), memory_table(result),
+                                   time_table(result), ops_table(result)]
     if result.alternatives:
         parts.append(alternatives_table(result))
     if result.search is not None:

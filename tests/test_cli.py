@@ -222,8 +222,8 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
                          "--precision", "fp8-mixed", "--checkpoint", "none"], ("fp8", "a100-sxm-80gb")),
         "unknown precision": (["--model", "tiny-llama", "--micro-batch", "2", "--precision", "fp64",
                                "--checkpoint", "none"], ("--precision", "fp64")),
-        "two precisions": (["--model", "tiny-llama", "--micro-batch", "2", "--precision", "fp32,bf16-mixed",
-                            "--checkpoint", "none"], ("--precision",)),
+        "fp8 in a precision list on a100": (["--model", "tiny-llama", "--hardware", "a100-sxm-80gb",
+                                             "--precision", "bf16-mixed,fp8-mixed"], ("fp8", "a100-sxm-80gb")),
         "hbm 80XB": ([*TINY, "--hbm", "80XB"], ("--hbm", "80XB")),
         "hbm 0": ([*TINY, "--hbm", "0"], ("--hbm",)),
         "missing model file": (["--model", "nope.yaml", *FIXED], ("nope.yaml",)),
@@ -237,7 +237,9 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
         "missing hardware file": ([*TINY, "--hardware", "nope-gpu.yaml"], ("nope-gpu.yaml",)),
         "unknown attention": ([*TINY, "--attention", "sparse"], ("--attention",)),
         "dropout 1.5": ([*TINY, "--dropout", "1.5"], ("dropout",)),
-        "free knob": (["--model", "tiny-llama", "--micro-batch", "2"], ("--precision", "--checkpoint")),
+        "bad sampler": ([*TINY, "--precision", "fp32,bf16-true", "--sampler", "cmaes"], ("--sampler",)),
+        "zero trials": (["--model", "tiny-llama", "--trials", "0"], ("--trials",)),
+        "storage without study": (["--model", "tiny-llama", "--storage", "sqlite:////tmp/x.db"], ("--study-name",)),
         "missing --model": (FIXED, ("--model",)),
     }
 
