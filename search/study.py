@@ -14,6 +14,8 @@ too, so a sampler that stalls on a small space still ends at the best point arou
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable
 from enum import StrEnum
@@ -99,8 +101,12 @@ def _create_study(options: SearchOptions, space: SearchSpace) -> optuna.Study:
         raise ConfigError(f"--storage: cannot open {options.storage!r}: {type(error).__name__}: {error}") from None
 
 
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
 def _record(trial: optuna.Trial, ev: Evaluation) -> float:
     chosen = ev.chosen
+    trial.set_user_attr("worker", WORKER)
     trial.set_user_attr("knobs", chosen.knobs.model_dump(mode="json"))
     trial.set_user_attr("device_bytes", chosen.device_bytes)
     trial.set_user_attr("excess_bytes", chosen.device_bytes - ev.cap_bytes)
@@ -139,8 +145,9 @@ def run_search(
         return _record(trial, price(int(mb), str(precision)))  # type: ignore[arg-type]
 
     study = _create_study(options, space)
-    for mb, precision in space.known_good():
-        study.enqueue_trial({_MB: mb, _PRECISION: precision.value}, skip_if_exists=True)
+    if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
+        for mb, precision in space.known_good():
+            study.enqueue_trial({_MB: mb, _PRECISION: precision.value}, skip_if_exists=True)
     n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
     done = 0
 

@@ -108,3 +108,26 @@ def test_sgd_peak_matches_tracker(optimizer: str, impl: str) -> None:
     knobs = Knobs(micro_batch_size=4, grad_accum_steps=2, precision="fp32", checkpoint_blocks=(1,))
     predicted, measured = _compare(SMALL, training, knobs)
     assert predicted == pytest.approx(measured, rel=TOLERANCE)
+
+
+@pytest.mark.parametrize("segments", [((0, 1), (2, 3)), ((0, 3),), ((1, 2),)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_segment_checkpointing_matches_tracker(precision: str, segments: tuple[tuple[int, int], ...]) -> None:
+    """Chen et al.'s segments: one torch.utils.checkpoint around several blocks."""
+    training = TrainConfig(seq_len=256, global_batch_size=8, optimizer_impl="fused")
+    knobs = Knobs(micro_batch_size=4, grad_accum_steps=2, precision=precision, checkpoint_segments=segments)
+    predicted, measured = _compare(SMALL, training, knobs)
+    assert predicted == pytest.approx(measured, rel=TOLERANCE)
+
+
+def test_searched_plan_matches_tracker() -> None:
+    """What the search chooses under a tight cap is what PyTorch allocates."""
+    from planner import api
+
+    training = TrainConfig(seq_len=256, global_batch_size=8, optimizer_impl="fused")
+    loose = estimate(SMALL, training, HW, Knobs(micro_batch_size=8, precision="bf16-mixed"))
+    cap = int(loose.memory.device_bytes * 0.97)
+    plan = api.plan(SMALL, training, HW, cap, precisions=["bf16-mixed"])
+    assert plan.best.knobs.checkpointed or plan.best.knobs.micro_batch_size < 8
+    measured = simulate_step(SMALL, training, plan.best.knobs).peak_allocated_bytes
+    assert plan.best.estimate.memory.peak_allocated_bytes == pytest.approx(measured, rel=TOLERANCE)

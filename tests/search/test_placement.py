@@ -1,0 +1,91 @@
+"""The exact placement solver against brute force over every subset of blocks.
+
+For each configuration, every one of the 2^L placements is walked by the memory timeline
+(the ground truth, itself checked against PyTorch in tests/planner/test_memory_vs_tracker.py):
+the decomposed peak must equal the walk for every subset, the dynamic program's lowest peak for
+each count k must equal the brute-force minimum, and for random caps the search point's choice
+must be as fast as the fastest fitting subset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from hardware.registry import load_hardware
+from planner.config import ModelConfig, TrainConfig
+from planner.estimate import cached_graph, device_bytes, static_for
+from planner.knobs import Knobs
+from planner.memory import checkpoint_units, simulate_step
+from planner.placement import placement_profile
+from planner.precision import precision_spec
+from search.candidates import evaluate
+
+HW = load_hardware("h100-sxm")
+
+CASES = [
+    # family, precision, attention, accumulation, blocks, vocab (a large vocab puts the peak at the loss)
+    pytest.param("llama", "bf16-mixed", "flash", 2, 12, 20000, id="llama-12-blocks-autocast-big-vocab"),
+    pytest.param("llama", "fp32", "flash", 1, 9, 500, id="llama-9-fp32"),
+    pytest.param("gpt2", "bf16-true", "eager", 2, 8, 500, id="gpt2-8-eager-dropout"),
+    pytest.param("llama", "bf16-mixed", "eager", 3, 7, 8000, id="llama-7-eager-autocast"),
+    pytest.param("qwen2", "bf16-mixed", "flash", 1, 6, 3000, id="qwen2-6-autocast"),
+]
+
+
+def _setup(family: str, precision: str, attention: str, accum: int, n_layers: int, vocab: int):  # noqa: ANN202
+    model = ModelConfig(family=family, n_layers=n_layers, d_model=128, n_heads=4, n_kv_heads=None if family == "gpt2" else 2,
+                        d_ff=384, vocab_size=vocab, max_seq_len=256, attention=attention,
+                        dropout=0.1 if family == "gpt2" else 0.0)
+    training = TrainConfig(seq_len=128, global_batch_size=2 * accum, optimizer_impl="fused")
+    knobs = Knobs(micro_batch_size=2, grad_accum_steps=accum, precision=precision)
+    graph = cached_graph(model, 2, 128, precision_spec(precision))
+    static = static_for(graph, HW, training, knobs)
+    walked = {}
+    for bits in itertools.product((0, 1), repeat=n_layers):
+        units = checkpoint_units(n_layers, [i for i, b in enumerate(bits) if b])
+        walked[bits] = simulate_step(graph, static, HW.round_alloc, units, accum).peak.bytes
+    return model, training, knobs, graph, static, walked
+
+
+@pytest.mark.parametrize(("family", "precision", "attention", "accum", "n_layers", "vocab"), CASES)
+def test_solver_equals_brute_force(family: str, precision: str, attention: str, accum: int, n_layers: int, vocab: int) -> None:
+    model, training, knobs, graph, static, walked = _setup(family, precision, attention, accum, n_layers, vocab)
+    profile = placement_profile(graph, static, HW.round_alloc, accum)
+    wrong = [bits for bits, peak in walked.items() if profile.peak(bits) != peak]
+    assert not wrong, f"{len(wrong)} of {len(walked)} placements priced differently from the walk, e.g. {wrong[0]}"
+    best_by_count = profile.min_peak_by_count()
+    for k in range(n_layers + 1):
+        brute = min(peak for bits, peak in walked.items() if sum(bits) == k)
+        peak, placement = best_by_count[k]
+        assert peak == brute
+        assert sum(placement) == k and walked[placement] == brute
+
+    rng = random.Random(n_layers)
+    lowest = min(walked.values())
+    highest = max(walked.values())
+    for _ in range(6):  # random caps: the point's choice is the fastest subset that fits
+        cap = device_bytes(rng.randint(lowest, highest), HW)
+        fitting = [bits for bits, peak in walked.items() if device_bytes(peak, HW) <= cap]
+        chosen = evaluate(model, training, HW, cap, 2, knobs.precision, allow_segments=False)
+        if not fitting:
+            assert not chosen.fits
+            continue
+        fewest = min(sum(bits) for bits in fitting)  # every checkpointed block adds the same recompute
+        assert chosen.fits
+        assert len(chosen.knobs.checkpoint_blocks) == fewest
+        assert walked[tuple(1 if i in chosen.knobs.checkpoint_blocks else 0 for i in range(n_layers))] <= (
+            min(walked[bits] for bits in fitting if sum(bits) == fewest)
+        )
+
+
+def test_early_blocks_are_cheaper_to_checkpoint() -> None:
+    """The lecture's intuition made exact: with one block checkpointed, the first is the best
+    choice and the last the worst (its recompute runs while all earlier activations live)."""
+    *_, walked = _setup("llama", "fp32", "flash", 1, 6, 500)
+    singles = {bits.index(1): peak for bits, peak in walked.items() if sum(bits) == 1}
+    assert singles[0] == min(singles.values())
+    assert singles[5] == max(singles.values())
+    assert singles[0] < singles[5]
