@@ -22,6 +22,7 @@ from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
 from planner.optimizer import optimizer_spec
+from planner.params import param_tensors
 from planner.precision import PrecisionSpec, precision_spec
 from planner.timing import (
     OpGroup,
@@ -144,6 +145,23 @@ def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, kn
         opt.device_step_scalar,
         data_sequences=knobs.micro_batch_size * knobs.grad_accum_steps,
     )
+
+
+def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> int:
+    """Bytes every placement of these knobs reaches, found without building the graph.
+
+    At the log-softmax of the last micro-batch, whatever is checkpointed, these are live:
+    parameters, optimizer state, the data batch, every gradient if an earlier micro-batch
+    exists, and two fp32 (B*T, V) tensors (the logits in fp32 and their log-softmax).
+    """
+    spec = precision_spec(knobs.precision)
+    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
+    tensors = param_tensors(model).values()
+    params = sum(hw.round_alloc(n * spec.param_dtype.n_bytes) for n in tensors)
+    grads = sum(hw.round_alloc(n * spec.grad_dtype.n_bytes) for n in tensors) if knobs.grad_accum_steps > 1 else 0
+    data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
+    logits = 2 * hw.round_alloc(knobs.micro_batch_size * training.seq_len * model.vocab_size * 4)
+    return params * (1 + opt.state_tensors_per_param) + grads + data + logits
 
 
 def device_bytes(peak_allocated_bytes: int, hw: HardwareProfile) -> int:

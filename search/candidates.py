@@ -17,7 +17,16 @@ from dataclasses import dataclass
 
 from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
-from planner.estimate import Estimate, cached_graph, check_knobs, device_bytes, estimate, static_for, timing
+from planner.estimate import (
+    Estimate,
+    cached_graph,
+    check_knobs,
+    device_bytes,
+    estimate,
+    peak_lower_bound,
+    static_for,
+    timing,
+)
 from planner.knobs import Knobs
 from planner.memory import Timeline, checkpoint_units, recomputed_ops, simulate_step
 from planner.placement import NotDecomposableError, placement_profile
@@ -38,6 +47,7 @@ class Evaluation:
     chosen: ParetoPoint
     points: tuple[ParetoPoint, ...]
     cap_bytes: int
+    pruned: bool = False  # nothing here can fit: only a lower bound was priced (step time unknown)
 
     @property
     def knobs(self) -> Knobs:
@@ -93,8 +103,11 @@ def evaluate(
     precision: PrecisionPolicy,
     fixed_checkpoint: tuple[int, ...] | None = None,
     allow_segments: bool = True,
+    prune: bool = True,
 ) -> Evaluation:
-    """The fastest plan at this point that fits ``cap_bytes`` (or the smallest one if none fits)."""
+    """The fastest plan at this point that fits ``cap_bytes`` (or the smallest one if none fits).
+
+    With ``prune``, a point whose lower bound already exceeds the cap is not walked at all."""
     base = Knobs(
         micro_batch_size=micro_batch_size,
         grad_accum_steps=training.global_batch_size // micro_batch_size,
@@ -106,6 +119,10 @@ def evaluate(
         point = ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs)
         return Evaluation(chosen=point, points=(point,), cap_bytes=cap_bytes)
     spec = check_knobs(model, training, hw, base)
+    floor = device_bytes(peak_lower_bound(model, training, hw, base), hw)
+    if prune and floor > cap_bytes:
+        point = ParetoPoint(step_time_s=math.inf, device_bytes=floor, knobs=base)
+        return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
     graph = cached_graph(model, micro_batch_size, training.seq_len, spec)
     times, no_recompute = timing(graph, hw, training, base.grad_accum_steps, frozenset())
     fwd_s = dict(zip(times.names, times.fwd_s, strict=True))

@@ -107,6 +107,7 @@ WORKER = f"{socket.gethostname()}:{os.getpid()}"
 def _record(trial: optuna.Trial, ev: Evaluation) -> float:
     chosen = ev.chosen
     trial.set_user_attr("worker", WORKER)
+    trial.set_user_attr("pruned", ev.pruned)
     trial.set_user_attr("knobs", chosen.knobs.model_dump(mode="json"))
     trial.set_user_attr("device_bytes", chosen.device_bytes)
     trial.set_user_attr("excess_bytes", chosen.device_bytes - ev.cap_bytes)
@@ -176,9 +177,13 @@ def run_search(
     alternatives = tuple(entry(k) for k in distinct[1 : 1 + options.n_alternatives])
     points = [ParetoPoint.model_validate(p) for t in feasible for p in t.user_attrs.get("pareto", [])]
     closest = None
-    if best is None and trials:
+    if best is None and trials:  # the smallest plan: pruned points are priced in full first
         smallest = min(trials, key=lambda t: (t.user_attrs.get("device_bytes", float("inf")), t.number))
-        closest = entry(Knobs.model_validate(smallest.user_attrs["knobs"]))
+        knobs = Knobs.model_validate(smallest.user_attrs["knobs"])
+        if smallest.user_attrs.get("pruned"):
+            knobs = evaluate(model, training, hw, cap_bytes, knobs.micro_batch_size, knobs.precision,
+                             space.fixed_checkpoint, space.allow_segments, prune=False).knobs
+        closest = entry(knobs)
     stats = SearchStats(
         sampler=options.sampler.value,
         n_trials=len(trials),
