@@ -62,6 +62,7 @@ def _run(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         optimizer_impl=args.optimizer_impl,
     )
+    _check_outputs(args.out, args.plot)
     if args.trials <= 0:
         raise ConfigError(f"--trials: must be positive, got {args.trials}")
     if args.storage and not args.study_name:
@@ -100,6 +101,22 @@ def _run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"charts written: {', '.join(str(p) for p in written)}")
     return 0 if result.best.estimate.memory.fits else 1
+
+
+def _check_outputs(out: str | None, plot: str | None) -> None:
+    """Refuse unwritable destinations before the search runs, so no work is lost."""
+    from pathlib import Path
+
+    from planner.errors import ConfigError
+
+    if out is not None:
+        target = Path(out)
+        if target.is_dir():
+            raise ConfigError(f"--out: {out} is a directory; give a file name like {Path(out) / 'plan.json'}")
+        if not target.parent.is_dir():
+            raise ConfigError(f"--out: directory {target.parent} does not exist")
+    if plot is not None and Path(plot).exists() and not Path(plot).is_dir():
+        raise ConfigError(f"--plot: {plot} is a file; give a directory for the PNG charts")
 
 
 class _progress:

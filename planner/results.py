@@ -76,7 +76,10 @@ class PlanResult(BaseModel):
     def save(self, path: str | Path) -> Path:
         """Write the plan file ``validate`` reads."""
         target = Path(path)
-        target.write_text(self.to_json())
+        try:
+            target.write_text(self.to_json())
+        except OSError as error:
+            raise ConfigError(f"--out: cannot write {target}: {error.strerror or error}") from None
         return target
 
     @classmethod
