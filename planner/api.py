@@ -139,7 +139,9 @@ def plan(
     if outcome.best is None:
         if outcome.closest is None:
             raise InfeasibleError(f"nothing fits in {cap} bytes on {hw.name}, and no plan could be priced")
-        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest))
+        closest = PlanResult(model=summarize_model(model), training=training, hardware=hw, hbm_cap_bytes=cap,
+                             best=outcome.closest, search=outcome.stats)
+        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest), closest=closest)
     return PlanResult(
         model=summarize_model(model),
         training=training,

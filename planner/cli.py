@@ -68,22 +68,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.storage and not args.study_name:
         raise ConfigError("--study-name: required with --storage, so that workers join the same study")
     with _progress(enabled=sys.stderr.isatty()) as on_trial:
-        result = api.plan(
-            model,
-            training,
-            args.hardware,
-            args.hbm,
-            precisions=args.precision,
-            micro_batch_size=args.micro_batch,
-            checkpoint=args.checkpoint,
-            sampler=args.sampler,
-            n_trials=args.trials,
-            seed=args.seed,
-            storage=args.storage,
-            study_name=args.study_name,
-            allow_segments=not args.no_segments,
-            on_trial=on_trial,
-        )
+        result = _plan_or_closest(api, args, model, training, on_trial)
+    if result is None:
+        return 1
     if args.out:
         result.save(args.out)
     if args.plot:
@@ -101,6 +88,35 @@ def _run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"charts written: {', '.join(str(p) for p in written)}")
     return 0 if result.best.estimate.memory.fits else 1
+
+
+def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: Any, on_trial: Any) -> Any:
+    """Run the plan; when nothing fits, print the message (and with --json the smallest plan
+    found, ``fits: false``) and return None."""
+    from planner.errors import InfeasibleError
+
+    try:
+        return api.plan(
+            model,
+            training,
+            args.hardware,
+            args.hbm,
+            precisions=args.precision,
+            micro_batch_size=args.micro_batch,
+            checkpoint=args.checkpoint,
+            sampler=args.sampler,
+            n_trials=args.trials,
+            seed=args.seed,
+            storage=args.storage,
+            study_name=args.study_name,
+            allow_segments=not args.no_segments,
+            on_trial=on_trial,
+        )
+    except InfeasibleError as error:
+        print(f"plan: {error}", file=sys.stderr)
+        if args.json and error.closest is not None:
+            print(json.dumps(error.closest.model_dump(mode="json"), indent=2))  # type: ignore[attr-defined]
+        return None
 
 
 def _check_outputs(out: str | None, plot: str | None) -> None:

@@ -17,9 +17,17 @@ class UnsupportedPrecisionError(ConfigError):
 
 
 class InfeasibleError(PlannerError):
-    """Nothing fits under the memory cap; the message says what the smallest plan needs."""
+    """Nothing fits under the memory cap; the message says what the smallest plan needs.
+
+    ``closest`` holds the smallest plan found (a ``PlanResult`` whose estimate does not fit),
+    when one could be priced.
+    """
 
     exit_code = 1
+
+    def __init__(self, message: str, closest: object | None = None) -> None:
+        super().__init__(message)
+        self.closest = closest
 
 
 __all__ = [

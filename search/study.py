@@ -86,19 +86,30 @@ def _sampler(options: SearchOptions, space: SearchSpace) -> optuna.samplers.Base
 
 
 def _create_study(options: SearchOptions, space: SearchSpace) -> optuna.Study:
+    """Create or join the study. Workers started together on a fresh database race to create
+    optuna's tables (optuna issue #1092); the loser retries and joins the winner's study."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return optuna.create_study(
-            storage=options.storage,
-            study_name=options.study_name,
-            direction="minimize",
-            sampler=_sampler(options, space),
-            load_if_exists=options.storage is not None,
-        )
-    except (ValueError, ImportError, optuna.exceptions.OptunaError) as error:
-        raise ConfigError(f"--storage: cannot open study {options.study_name!r} at {options.storage!r}: {error}") from None
-    except Exception as error:  # sqlalchemy raises its own errors for a bad URL
-        raise ConfigError(f"--storage: cannot open {options.storage!r}: {type(error).__name__}: {error}") from None
+    attempts = 6 if options.storage else 1
+    for attempt in range(attempts):
+        try:
+            return optuna.create_study(
+                storage=options.storage,
+                study_name=options.study_name,
+                direction="minimize",
+                sampler=_sampler(options, space),
+                load_if_exists=options.storage is not None,
+            )
+        except ImportError as error:
+            raise ConfigError(f"--storage: {options.storage!r} needs a database driver: {error}") from None
+        except Exception as error:  # optuna, sqlalchemy and drivers raise their own types
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            racing = "already exists" in first_line or "UNIQUE constraint" in first_line or "locked" in first_line
+            if racing and attempt + 1 < attempts:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise ConfigError(f"--storage: cannot open study {options.study_name!r} at {options.storage!r}: "
+                              f"{first_line}") from None
+    raise AssertionError("unreachable")
 
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
