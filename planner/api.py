@@ -154,6 +154,22 @@ def plan(
     )
 
 
+def validate(
+    plan: PlanResult | str | Path,
+    mode: str = "auto",
+    device: str | None = None,
+    steps: int = 5,
+    hardware: str | Path | None = None,
+) -> Any:
+    """Run ``plan`` (a PlanResult or a plan file) in PyTorch and compare: returns a
+    ``validate.report.ValidationReport``. Imports torch (lazily, here)."""
+    try:
+        from validate.api import validate as run_validation
+    except ImportError:
+        raise ConfigError("validate: needs torch; pip install torch (or roofplan[validate])") from None
+    return run_validation(plan, mode=mode, device=device, steps=steps, hardware=hardware)
+
+
 def _policies(precisions: Sequence[str] | str | None) -> tuple[PrecisionPolicy, ...] | None:
     if precisions is None:
         return None
@@ -192,4 +208,5 @@ __all__ = [
     "parse_checkpoint_spec",
     "plan",
     "summarize_model",
+    "validate",
 ]

@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-segments", action="store_true", help="do not consider multi-block checkpoint segments")
     p.add_argument("--out", default=None, help="write the plan file (JSON) that `validate` runs")
     p.add_argument("--plot", default=None, help="directory for PNG charts: Pareto front, memory breakdown, timeline")
+    p.add_argument("--validate", action="store_true", help="then run the plan in PyTorch (see `validate`)")
+    p.add_argument("--validate-mode", choices=("auto", "simulate", "run"), default="auto",
+                   help="with --validate: simulate (fake tensors), run, or auto (run on CUDA if present, else simulate)")
+    p.add_argument("--validate-device", choices=("cpu", "cuda"), default=None, help="with --validate --validate-mode run")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
@@ -77,8 +81,14 @@ def _run(args: argparse.Namespace) -> int:
         from planner.plots import write_plots
 
         written = write_plots(result, args.plot)
+    report = None
+    if args.validate:
+        report = api.validate(result, mode=args.validate_mode, device=args.validate_device)
     if args.json:
-        print(json.dumps(result.model_dump(mode="json"), indent=2))
+        data = result.model_dump(mode="json")
+        if report is not None:
+            data["validation"] = report.model_dump(mode="json")
+        print(json.dumps(data, indent=2))
     else:
         from planner.render import print_report
 
@@ -87,7 +97,12 @@ def _run(args: argparse.Namespace) -> int:
             print(f"plan written to {args.out} (run it: validate {args.out})")
         if args.plot:
             print(f"charts written: {', '.join(str(p) for p in written)}")
-    return 0 if result.best.estimate.memory.fits else 1
+        if report is not None:
+            from validate.render import print_report as print_validation
+
+            print_validation(report)
+    fits = result.best.estimate.memory.fits
+    return 0 if fits and (report is None or report.passed) else 1
 
 
 def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: Any, on_trial: Any) -> Any:

@@ -13,7 +13,7 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from hardware.dtypes import ComputePrecision
-from hardware.profile import HardwareProfile
+from hardware.profile import DeviceKind, HardwareProfile
 from hardware.roofline import Bound, OpTime, op_time
 from planner.graph import GraphNode, LayerGraph
 from planner.optimizer import OptimizerSpec
@@ -160,9 +160,13 @@ def optimizer_time_s(
     """(estimate, lower bound) of one optimizer step: memory-bound streaming of its state."""
     elements = graph.n_params * shard_fraction
     n_bytes = optimizer.traffic_elements_per_param * elements * graph.precision.param_dtype.n_bytes
-    launches = optimizer.kernels_per_tensor_list * max(
-        1, math.ceil(len(graph.param_tensors) / _TENSORS_PER_FOREACH_LAUNCH)
-    )
+    n_tensors = len(graph.param_tensors)
+    if hw.kind is DeviceKind.CPU:
+        # torch has no multi-tensor kernels on the CPU: _foreach_* ops loop over the tensors
+        # (aten/src/ATen/native/ForeachOpsKernels.cpp, the "slow" path), and fused steps do too
+        launches = optimizer.kernels_per_tensor_list * n_tensors
+    else:
+        launches = optimizer.kernels_per_tensor_list * max(1, math.ceil(n_tensors / _TENSORS_PER_FOREACH_LAUNCH))
     timing = op_time(0.0, n_bytes, ComputePrecision.FP32, hw, launches)
     return timing.time_s, timing.lower_bound_s
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hardware.cli import main as hardware_main
+from planner.hardware_cli import main as hardware_main
 from hardware.registry import bundled_names, load_hardware
 from planner.cli import main as plan_main
 
@@ -332,5 +332,5 @@ def test_hardware_show_bad_profile_subprocess(tmp_path: Path) -> None:
     profile["memory_efficiency"] = 1.5
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(profile))
-    result = run_module("-m", "hardware.cli", "show", str(path))
+    result = run_module("-m", "planner.hardware_cli", "show", str(path))
     assert_one_line_error(result.returncode, result.stdout, result.stderr, "memory_efficiency")

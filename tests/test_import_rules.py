@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("hardware", "planner", "search", "validate")
-LAZY_FACADES = {"planner/api.py", "planner/cli.py"}
+LAZY_FACADES = {"planner/api.py", "planner/cli.py", "planner/hardware_cli.py"}
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_planner_imports_neither_torch_nor_optuna() -> None:
     result = _python(
-        "import planner.cli, planner.api, planner.estimate, planner.render, hardware.cli; import sys; "
+        "import planner.cli, planner.api, planner.estimate, planner.render, planner.hardware_cli; import sys; "
         "heavy = sorted(m for m in ('torch', 'optuna', 'einops', 'search', 'validate') if m in sys.modules); "
         "assert not heavy, heavy"
     )

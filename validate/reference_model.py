@@ -177,6 +177,19 @@ class Block(nn.Module):
         return x + self.mlp_dropout(self.mlp(self.mlp_norm(x)))
 
 
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2's initialisation (Radford et al. 2019; nanoGPT): weights N(0, 0.02), biases zero.
+
+    torch's default N(0, 1) embedding gives logits with a standard deviation near sqrt(D); their
+    softmax gradients then underflow to denormals, on which CPU matmuls run ~100x slower.
+    """
+    if isinstance(module, nn.Linear | nn.Embedding):
+        if module.weight.device.type != "meta":
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None and module.bias.device.type != "meta":
+            nn.init.zeros_(module.bias)
+
+
 class Transformer(nn.Module):
     """Decoder-only LM: embed (+ learned positions), L blocks, final norm, LM head, loss."""
 
@@ -192,6 +205,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.apply(_init_weights)
         # Checkpoint units (first, last): blocks first..last run under one non-reentrant
         # torch.utils.checkpoint; set by the plan (see ``set_checkpointing``).
         self.checkpoint_units: tuple[tuple[int, int], ...] = ()

@@ -1,4 +1,6 @@
-"""``hardware``: list and show the bundled device profiles."""
+"""``hardware``: list and show device profiles, and calibrate one by measuring this machine.
+
+A façade-level command (like ``plan``): ``calibrate`` imports ``validate`` (torch) lazily."""
 
 from __future__ import annotations
 
@@ -26,7 +28,34 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="every field of one profile, with its sources")
     show.add_argument("name", help="bundled name or path to a profile YAML")
     show.add_argument("--json", action="store_true")
+    cal = commands.add_parser("calibrate", help="measure this machine and write a profile YAML (needs torch)")
+    cal.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    cal.add_argument("--out", required=True, help="profile YAML to write; use it with plan --hardware")
+    cal.add_argument("--name", default=None, help="profile name (default <device>-calibrated)")
     return parser
+
+
+def _calibrate(device: str, out: str, name: str | None) -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from hardware.errors import ConfigError
+
+    target = Path(out)
+    if target.is_dir() or not target.parent.is_dir():
+        raise ConfigError(f"--out: cannot write a profile to {out}; give a file path in an existing directory")
+    try:
+        from validate.calibrate import calibrate
+    except ImportError:
+        raise ConfigError("calibrate: needs torch; pip install torch (or roofplan[validate])") from None
+    profile = calibrate(device, name=name)
+    data = profile.model_dump(mode="json")
+    header = (f"# measured by `hardware calibrate --device {device}`; use with: plan --hardware {out}\n")
+    target.write_text(header + yaml.safe_dump(data, sort_keys=False))
+    peaks = ", ".join(f"{p} {v / 1e12:.2f} TFLOP/s" for p, v in data["peak_flops_per_s"].items())
+    print(f"wrote {out}: {peaks}; bandwidth {profile.achievable_bandwidth_bytes_per_s() / 1e9:.1f} GB/s; "
+          f"{profile.kernel_launch_s * 1e6:.1f} µs per kernel")
 
 
 def _list(as_json: bool) -> None:
@@ -80,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             _list(args.json)
+        elif args.command == "calibrate":
+            _calibrate(args.device, args.out, args.name)
         else:
             _show(args.name, args.json)
     except PlannerError as error:

@@ -1,0 +1,56 @@
+"""``validate PLAN.json``: run a plan in PyTorch and say whether it fits and runs as predicted.
+
+Exit codes: 0 it fits and every error is inside its tolerance, 1 it does not, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from hardware.errors import PlannerError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="validate", description="Run a plan file in PyTorch: does it fit, is it as fast as predicted?")
+    p.add_argument("plan", help="plan file written by `plan --out`")
+    p.add_argument("--mode", choices=("auto", "simulate", "run"), default="auto",
+                   help="simulate: fake tensors, any size, bytes and FLOPs; run: real steps (default: run on "
+                        "CUDA when there is a GPU, else simulate)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where --mode run runs (default cuda)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps after warm-up (default 5)")
+    p.add_argument("--hardware", default=None, help="profile to predict time with (e.g. from `hardware calibrate`)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        from planner.results import PlanResult
+        from validate import api
+
+        plan = PlanResult.load(args.plan)
+        report = api.validate(plan, mode=args.mode, device=args.device, steps=args.steps, hardware=args.hardware)
+    except PlannerError as error:
+        print(f"validate: error: {error}", file=sys.stderr)
+        return error.exit_code
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=2))
+    else:
+        from validate.render import print_report
+
+        print_report(report)
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

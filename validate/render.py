@@ -1,0 +1,54 @@
+"""Rich rendering of a ValidationReport: a verdict line, then predicted vs measured."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from hardware.units import format_bytes
+from validate.report import ValidationReport
+
+
+def _value(key: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("bytes"):
+        return format_bytes(value)
+    if key == "step_time_s":
+        return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
+    if key == "tokens_per_s":
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def report_group(report: ValidationReport) -> Group:
+    verdict = Text("PASS " if report.passed else "FAIL ", style="bold green" if report.passed else "bold red")
+    verdict.append(f"{report.model} ({report.mode.value} on {report.device}, torch {report.torch_version}, "
+                   f"{report.steps} measured steps)")
+    table = Table(title="Predicted vs measured", title_justify="left")
+    for column in ("", "predicted", "measured", "error", "tolerance"):
+        table.add_column(column, justify="left" if not column else "right")
+    rows = (("peak allocated", "peak_allocated_bytes", "peak_allocated"), ("step time", "step_time_s", "step_time"),
+            ("tokens/s", "tokens_per_s", None), ("FLOPs per step", "model_flops_per_step", "model_flops"),
+            ("max reserved", "reserved_bytes", None))
+    for label, key, error_key in rows:
+        p, m = getattr(report.predicted, key), getattr(report.measured, key)
+        if p is None and m is None:
+            continue
+        error = report.errors.get(error_key) if error_key else None
+        limit = report.tolerances.get(error_key) if error_key else None
+        table.add_row(label, _value(key, p), _value(key, m), f"{error:+.2%}" if error is not None else "-",
+                      f"±{limit:.1%}" if limit is not None else "-")
+    parts: list[Text | Table] = [verdict, table]
+    if report.out_of_memory:
+        at = report.allocated_at_failure_bytes
+        parts.append(Text(f"out of memory: does not fit ({format_bytes(at) if at else 'unknown'} allocated)",
+                          style="bold red"))
+    for note in report.notes:
+        parts.append(Text(f"· {note}", style="dim"))
+    return Group(*parts)
+
+
+def print_report(report: ValidationReport, console: Console | None = None) -> None:
+    (console or Console()).print(report_group(report))

@@ -1,0 +1,204 @@
+"""Run a plan in PyTorch and compare what it does with what was predicted.
+
+Three ways to measure, one ``ValidationReport``:
+
+- ``simulate``: the reference model under fake tensors on the CPU, the live-storage tracker for
+  bytes and FlopCounterMode for FLOPs: any model size, no GPU, no time;
+- ``run`` on ``cpu``: real steps of a small model; bytes from the tracker, time as the median of
+  timed steps after warm-up, compared with a CPU profile calibrated in the same process on the
+  plan's own kernels (``validate.calibrate``);
+- ``run`` on ``cuda``: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``,
+  CUDA-event timing after warm-up, median over steps. Running out of memory is caught and
+  reported as "does not fit" with what was allocated, never a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from hardware.errors import ConfigError
+from hardware.profile import HardwareProfile
+from planner.estimate import Estimate, cached_graph, estimate
+from planner.precision import precision_spec
+from planner.results import PlanResult
+from validate.apply import configure_model, make_optimizer, make_scaler, param_dtype, train_step
+from validate.flops import flop_counter
+from validate.reference_model import build_model
+from validate.report import TOLERANCES, Figures, Mode, ValidationReport, judge
+from validate.simulate import simulate_step
+from validate.tracker import LiveStorageTracker
+
+WARMUP_STEPS = 2  # the first step creates the optimizer state; the second is the steady state
+
+
+def _predicted(est: Estimate) -> Figures:
+    """The planner's figures; FLOPs as FlopCounterMode counts a step: recomputation included."""
+    return Figures(
+        peak_allocated_bytes=est.memory.peak_allocated_bytes,
+        step_time_s=est.step_time_s,
+        tokens_per_s=est.tokens_per_s,
+        model_flops_per_step=est.hardware_flops_per_step,
+    )
+
+
+def _report(plan: PlanResult, mode: Mode, device: str, steps: int, predicted: Figures, measured: Figures,
+            fits: bool, notes: tuple[str, ...] = (), oom: bool = False, allocated: int | None = None) -> ValidationReport:
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    tolerances = TOLERANCES[(mode, kind)]
+    errors, verdict, reasons = judge(predicted, measured, tolerances, fits)
+    return ValidationReport(
+        model=plan.model.name,
+        hardware=plan.hardware.name,
+        knobs=plan.best.knobs.model_dump(mode="json"),
+        mode=mode,
+        device=device,
+        torch_version=torch.__version__,
+        steps=steps,
+        predicted=predicted,
+        measured=measured,
+        errors=errors,
+        tolerances=tolerances,
+        fits=fits,
+        out_of_memory=oom,
+        allocated_at_failure_bytes=allocated,
+        notes=notes + reasons,
+        verdict=verdict,
+    )
+
+
+def simulate(plan: PlanResult) -> ValidationReport:
+    """Fake tensors: the plan's exact bytes and FLOPs in real PyTorch code, any size, no GPU."""
+    model, training, knobs = plan.model.config, plan.training, plan.best.knobs
+    step = simulate_step(model, training, knobs)
+    measured = Figures(peak_allocated_bytes=step.peak_allocated_bytes, model_flops_per_step=step.flops_per_step)
+    expected = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None})
+    notes = ("simulate: fake tensors measure bytes and FLOPs exactly but take no time; FLOPs compared as "
+             "hardware FLOPs (recomputation included)",)
+    if model.dropout > 0 and model.attention.value == "flash":
+        notes += ("the CPU's fused attention has no dropout: PyTorch falls back to the math kernel here, "
+                  "so simulated bytes exceed what a GPU's flash attention keeps",)
+    return _report(plan, Mode.SIMULATE, f"cpu (fake tensors, {os.cpu_count()} cores)", 1, expected, measured,
+                   fits=True, notes=notes)
+
+
+def run(plan: PlanResult, device: str = "cuda", steps: int = 5, calibrate_cpu: bool = True,
+        profile: HardwareProfile | None = None) -> ValidationReport:
+    """Real steps on ``device``; the prediction is re-made with a profile measured here when
+    running on the CPU (or with ``profile`` if given)."""
+    if steps <= 0:
+        raise ConfigError(f"--steps: must be positive, got {steps}")
+    model, training, knobs = plan.model.config, plan.training, plan.best.knobs
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device: cuda requested but torch sees no CUDA device; use --device cpu or --mode simulate")
+    spec = precision_spec(knobs.precision)
+    notes: tuple[str, ...] = ()
+    if profile is None and dev.type == "cpu" and calibrate_cpu:
+        from validate.calibrate import calibrate
+
+        graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
+        profile = calibrate("cpu", workload=graph)
+        notes += (f"time predicted with a CPU profile calibrated in this process on the plan's kernels "
+                  f"({profile.peak_flops_per_s[spec.matmul_precision] / 1e9:.0f} GFLOP/s, "
+                  f"{profile.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s, {profile.kernel_launch_s * 1e6:.1f} µs per kernel)",)
+    est = estimate(model, training, profile, knobs, plan.hbm_cap_bytes) if profile is not None else plan.best.estimate
+    if dev.type == "cpu":
+        _check_host_memory(est)
+    predicted = _predicted(est)
+    label = f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    try:
+        measured = _measure(plan, dev, steps)
+    except torch.OutOfMemoryError:
+        allocated = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        return _report(plan, Mode.RUN, label, 0, predicted, Figures(), fits=False, oom=True, allocated=allocated,
+                       notes=notes)
+    return _report(plan, Mode.RUN, label, steps, predicted, measured, fits=True, notes=notes)
+
+
+def _check_host_memory(est: Estimate) -> None:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if est.memory.peak_allocated_bytes > 0.5 * total:
+        raise ConfigError(
+            f"--mode run --device cpu: this plan needs about {est.memory.peak_allocated_bytes / 1e9:.1f} GB, more "
+            f"than half of this machine's {total / 1e9:.1f} GB; use --mode simulate (any size) or a GPU"
+        )
+
+
+def _measure(plan: PlanResult, dev: torch.device, steps: int) -> Figures:
+    model, training, knobs = plan.model.config, plan.training, plan.best.knobs
+    spec = precision_spec(knobs.precision)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        net = configure_model(build_model(model, param_dtype(spec)), knobs)
+    optimizer = make_optimizer(net, training)
+    scaler = make_scaler(spec, dev.type)
+    rows = knobs.micro_batch_size * knobs.grad_accum_steps
+    ids = torch.randint(0, model.vocab_size, (rows, training.seq_len), device=dev)
+    targets = torch.randint(0, model.vocab_size, (rows, training.seq_len), device=dev)
+
+    def step() -> None:
+        train_step(net, optimizer, ids, targets, knobs, spec, scaler)
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        times = _cuda_times(step, steps)
+        peak = torch.cuda.max_memory_allocated(dev)
+        reserved = torch.cuda.max_memory_reserved(dev)
+    else:
+        times = _cpu_times(step, steps)
+        tracker = LiveStorageTracker()
+        tracker.track([*net.parameters(), *net.buffers(), ids, targets, *_optimizer_state(optimizer)])
+        with tracker:
+            tracker.reset_peak()
+            step()
+        peak, reserved = tracker.peak_bytes, None
+    counter = flop_counter()
+    with counter:
+        step()
+    median = statistics.median(times)
+    return Figures(
+        peak_allocated_bytes=int(peak),
+        step_time_s=median,
+        tokens_per_s=training.tokens_per_step / median,
+        model_flops_per_step=float(counter.get_total_flops()),
+        reserved_bytes=reserved,
+    )
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def _cpu_times(step: Callable[[], None], steps: int) -> list[float]:
+    import time
+
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _cuda_times(step: Callable[[], None], steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
