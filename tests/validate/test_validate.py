@@ -1,0 +1,193 @@
+"""validate: measured vs predicted through every mode, the tracker against torch's MemTracker,
+the out-of-memory path, the CLI and `hardware calibrate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from planner import api  # noqa: E402
+from planner.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.knobs import Knobs  # noqa: E402
+from planner.results import PlanResult  # noqa: E402
+from validate import run as run_module  # noqa: E402
+from validate.api import validate  # noqa: E402
+from validate.cli import main as validate_main  # noqa: E402
+from validate.report import Verdict  # noqa: E402
+
+SMALL = ModelConfig(family="llama", name="small-llama", n_layers=4, d_model=256, n_heads=8, n_kv_heads=4,
+                    d_ff=688, vocab_size=2048, max_seq_len=512)
+
+
+def _plan(model: ModelConfig, training: TrainConfig, knobs: Knobs, hardware: str = "h100-sxm") -> PlanResult:
+    return api.estimate_plan(model, training, hardware, knobs)
+
+
+@pytest.mark.parametrize("accum", [1, 3])
+@pytest.mark.parametrize("blocks", [(), (1, 2), (0, 1, 2, 3)], ids=["none", "some", "all"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
+def test_simulate_small(precision: str, blocks: tuple[int, ...], accum: int) -> None:
+    training = TrainConfig(seq_len=256, global_batch_size=2 * accum)
+    report = validate(_plan(SMALL, training, Knobs(micro_batch_size=2, grad_accum_steps=accum, precision=precision,
+                                                    checkpoint_blocks=blocks)), mode="simulate")
+    assert report.verdict is Verdict.PASS, report.notes
+    assert abs(report.errors["peak_allocated"]) < 0.03
+    assert abs(report.errors["model_flops"]) < 0.005
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("precision", "blocks"), [("fp32", tuple(range(0, 32, 4))), ("bf16-true", tuple(range(32)))])
+def test_simulate_7b(precision: str, blocks: tuple[int, ...]) -> None:
+    model, training = api.load_model("llama2-7b", seq_len=1024, global_batch_size=2)
+    knobs = Knobs(micro_batch_size=1, grad_accum_steps=2, precision=precision, checkpoint_blocks=blocks)
+    report = validate(_plan(model, training, knobs, "h200"), mode="simulate")
+    assert report.passed, report.notes
+    assert abs(report.errors["peak_allocated"]) < 0.03
+
+
+def test_run_on_cpu_real_step() -> None:
+    """A small model's real step: bytes from the tracker within 3%, time within 40% of a CPU
+    profile calibrated in the same process. One thread: a 2-core CI machine's timing noise would
+    otherwise dominate a 0.2 s step."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = SMALL.model_copy(update={"n_layers": 2})
+        training = TrainConfig(seq_len=256, global_batch_size=8)
+        report = validate(_plan(model, training, Knobs(micro_batch_size=4, grad_accum_steps=2, precision="fp32")),
+                          mode="run", device="cpu", steps=5)
+    finally:
+        torch.set_num_threads(threads)
+    assert report.fits
+    assert abs(report.errors["peak_allocated"]) < 0.03
+    assert abs(report.errors["step_time"]) < 0.40, report.notes
+    assert abs(report.errors["model_flops"]) < 0.005
+    assert report.verdict is Verdict.PASS
+
+
+def test_tracker_equals_memtracker() -> None:
+    """Our live-storage tracker (unrounded) vs torch.distributed._tools.mem_tracker.MemTracker on
+    a real CPU training step: the same peak, to the byte."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from planner.precision import precision_spec
+    from validate.apply import configure_model, make_optimizer, train_step
+    from validate.reference_model import build_model
+    from validate.tracker import LiveStorageTracker
+
+    model, training = api.load_model("tiny-llama")
+    for blocks in ((), (0,)):
+        knobs = Knobs(micro_batch_size=8, precision="fp32", checkpoint_blocks=blocks)
+        torch.manual_seed(0)
+        net = configure_model(build_model(model), knobs)
+        optimizer = make_optimizer(net, training)
+        ids = torch.randint(0, model.vocab_size, (8, 128))
+        train_step(net, optimizer, ids, ids, knobs, precision_spec("fp32"))
+        reference = MemTracker()
+        reference.track_external(net, optimizer)
+        with reference:
+            train_step(net, optimizer, ids, ids, knobs, precision_spec("fp32"))
+        expected = reference.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+        state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        ours = LiveStorageTracker(block_bytes=1)
+        ours.track([*net.parameters(), ids, *state])
+        with ours:
+            ours.reset_peak()
+            train_step(net, optimizer, ids, ids, knobs, precision_spec("fp32"))
+        assert ours.peak_bytes == expected
+
+
+def test_out_of_memory_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def oom(*args: object, **kwargs: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(run_module, "_measure", oom)
+    model, training = api.load_model("tiny-llama")
+    plan = _plan(model, training, Knobs(micro_batch_size=8, precision="fp32"))
+    report = validate(plan, mode="run", device="cpu", steps=2)
+    assert not report.fits and report.out_of_memory
+    assert report.verdict is Verdict.FAIL
+    assert any("does not fit" in note for note in report.notes)
+    path = plan.save(tmp_path / "plan.json")
+    assert validate_main([str(path), "--mode", "run", "--device", "cpu", "--json"]) == 1
+
+
+@pytest.mark.gpu
+def test_run_on_cuda() -> None:
+    model, training = api.load_model("tiny-llama", global_batch_size=16)
+    report = validate(api.plan(model, training, "h100-sxm"), mode="run", device="cuda", steps=5)
+    assert report.fits
+    assert abs(report.errors["peak_allocated"]) < 0.05
+
+
+def test_cli_json_schema_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model, training = api.load_model("tiny-gpt2")
+    path = _plan(model, training, Knobs(micro_batch_size=4, grad_accum_steps=2, precision="bf16-true")).save(
+        tmp_path / "plan.json")
+    assert validate_main([str(path), "--mode", "simulate", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "pass"
+    for side in ("predicted", "measured"):
+        assert {"peak_allocated_bytes", "step_time_s", "tokens_per_s", "model_flops_per_step"} <= set(data[side])
+    assert set(data["errors"]) == {"peak_allocated", "model_flops"}
+    assert data["measured"]["step_time_s"] is None  # simulate measures no time
+    assert validate_main([str(path), "--mode", "simulate"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["missing.json"], "missing.json"),
+        (["{plan}", "--steps", "0", "--mode", "run", "--device", "cpu"], "--steps"),
+        (["{plan}", "--mode", "simulate", "--device", "cuda"], "--device"),
+        (["{bad}"], "plan file"),
+        (["{plan}", "--mode", "warp"], "--mode"),
+    ],
+)
+def test_cli_bad_input(argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model, training = api.load_model("tiny-llama")
+    plan = _plan(model, training, Knobs(micro_batch_size=8, precision="fp32")).save(tmp_path / "plan.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": 3}')
+    args = [a.format(plan=plan, bad=bad) for a in argv]
+    assert _exit_code(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
+
+
+def _exit_code(argv: list[str]) -> int:
+    """validate's exit code, whether main returns it or argparse exits with it."""
+    try:
+        return validate_main(argv)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+
+
+def test_hardware_calibrate_writes_a_profile_plan_accepts(tmp_path: Path) -> None:
+    from planner.hardware_cli import main as hardware_main
+
+    out = tmp_path / "cpu.yaml"
+    assert hardware_main(["calibrate", "--device", "cpu", "--out", str(out)]) == 0
+    from hardware.registry import load_hardware
+
+    profile = load_hardware(out)
+    assert profile.peak_flops_per_s and profile.kernel_launch_s > 0 and profile.hbm_bandwidth_bytes_per_s > 1e8
+    model, training = api.load_model("tiny-llama")
+    result = api.plan(model, training, out)
+    assert result.best.estimate.memory.fits
+
+
+def test_plan_then_validate_in_one_go(capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main as plan_main
+
+    code = plan_main(["--model", "tiny-llama", "--micro-batch", "8", "--precision", "fp32", "--checkpoint", "0",
+                      "--validate", "--validate-mode", "simulate", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["validation"]["verdict"] == "pass"
+    assert data["validation"]["mode"] == "simulate"
