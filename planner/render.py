@@ -213,6 +213,8 @@ def print_report(result: PlanResult, console: Console | None = None) -> None:
 
 
 def render_html(result: PlanResult) -> str:
-    console = Console(record=True, width=120, file=open("/dev/null", "w"))  # noqa: SIM115
+    import io
+
+    console = Console(record=True, width=120, file=io.StringIO())
     console.print(report(result))
     return console.export_html(inline_styles=True)

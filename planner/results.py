@@ -99,3 +99,8 @@ class PlanResult(BaseModel):
         from planner.render import render_html
 
         return render_html(self)
+
+    def __rich__(self) -> object:  # rich.print(result) shows the report
+        from planner.render import report
+
+        return report(self)

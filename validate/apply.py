@@ -36,12 +36,14 @@ def configure_model(model: Transformer, knobs: Knobs) -> Transformer:
 
 
 def make_optimizer(model: torch.nn.Module, training: TrainConfig) -> torch.optim.Optimizer:
-    impl = {"fused": True} if training.optimizer_impl == OptimizerImpl.FUSED else {"foreach": True}
+    fused = training.optimizer_impl == OptimizerImpl.FUSED
     params = list(model.parameters())
     if training.optimizer == OptimizerKind.ADAMW:
-        return torch.optim.AdamW(params, lr=1e-4, weight_decay=training.weight_decay, **impl)
+        return torch.optim.AdamW(params, lr=1e-4, weight_decay=training.weight_decay,
+                                 fused=fused or None, foreach=not fused or None)
     momentum = 0.9 if training.optimizer == OptimizerKind.SGD_MOMENTUM else 0.0
-    return torch.optim.SGD(params, lr=1e-3, momentum=momentum, weight_decay=0.0, **impl)
+    return torch.optim.SGD(params, lr=1e-3, momentum=momentum, weight_decay=0.0,
+                           fused=fused or None, foreach=not fused or None)
 
 
 @contextmanager

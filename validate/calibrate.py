@@ -54,6 +54,10 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int, min_se
     return statistics.median(samples)
 
 
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: torch.mm(a, b)
+
+
 def _sync(device: torch.device) -> Callable[[], None]:
     return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
@@ -69,7 +73,7 @@ def matmul_flops_per_s(device: torch.device, precision: ComputePrecision, shapes
         for m, k, n in shapes:
             a = torch.randn(m, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
-            seconds = _timed(lambda a=a, b=b: torch.mm(a, b), _sync(device), repeats)
+            seconds = _timed(_matmul(a, b), _sync(device), repeats)
             rates.append(2.0 * m * k * n / seconds)
         return statistics.median(rates)
     finally:
@@ -99,10 +103,10 @@ def workload_flops_per_s(device: torch.device, graph: LayerGraph, repeats: int =
             attention[key] = attention.get(key, 0) + 1
             flops += cost.fwd_exec + cost.bwd_exec
     seconds = 0.0
-    for (m, k, n), count in linear.items():
-        a = torch.randn(m, k, device=device, dtype=dtype)
-        b = torch.randn(k, n, device=device, dtype=dtype)
-        seconds += count * _timed(lambda a=a, b=b: torch.mm(a, b), sync, repeats, min_seconds=0.02)
+    for (rows, inner, cols), count in linear.items():
+        a = torch.randn(rows, inner, device=device, dtype=dtype)
+        b = torch.randn(inner, cols, device=device, dtype=dtype)
+        seconds += count * _timed(_matmul(a, b), sync, repeats, min_seconds=0.02)
     for (batch, heads, kv, seq, head_dim, fused), count in attention.items():
         q = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
         k = torch.randn(batch, kv, seq, head_dim, device=device, dtype=dtype, requires_grad=True)

@@ -98,6 +98,8 @@ class AttentionCore(nn.Module):
             if self.groups > 1:
                 k = repeat(k, "b k t h -> b (k g) t h", g=self.groups)
                 v = repeat(v, "b k t h -> b (k g) t h", g=self.groups)
+            if mask is None:
+                raise ValueError("eager attention needs the causal mask")
             scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale
             scores = scores.masked_fill(mask, float("-inf"))
             if torch.is_autocast_enabled(q.device.type):

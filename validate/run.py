@@ -76,8 +76,8 @@ def simulate(plan: PlanResult) -> ValidationReport:
     step = simulate_step(model, training, knobs)
     measured = Figures(peak_allocated_bytes=step.peak_allocated_bytes, model_flops_per_step=step.flops_per_step)
     expected = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None})
-    notes = ("simulate: fake tensors measure bytes and FLOPs exactly but take no time; FLOPs compared as "
-             "hardware FLOPs (recomputation included)",)
+    notes: tuple[str, ...] = ("simulate: fake tensors measure bytes and FLOPs exactly but take no time; FLOPs "
+                              "compared as hardware FLOPs (recomputation included)",)
     if model.dropout > 0 and model.attention.value == "flash":
         notes += ("the CPU's fused attention has no dropout: PyTorch falls back to the math kernel here, "
                   "so simulated bytes exceed what a GPU's flash attention keeps",)
