@@ -10,18 +10,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from hardware.errors import PlannerError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
+from planner.cli_support import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="plan", description="Plan the fastest training configuration that fits in GPU memory.")
+    p = OneLineParser(prog="plan", description="Plan the fastest training configuration that fits in GPU memory.")
     p.add_argument("--model", required=True, help="preset name, YAML file (model:/training:) or transformers config.json")
     p.add_argument("--hardware", default=None, help="profile name (see `hardware list`) or a profile YAML; default h100-sxm")
     p.add_argument("--hbm", default=None, help="memory cap per GPU: 80GB (10^9), 80GiB (2^30) or bytes; default the device's")
@@ -158,7 +154,7 @@ class _progress:
         self.bar: Any = None
         self.task: Any = None
 
-    def __enter__(self):  # noqa: ANN204
+    def __enter__(self):
         if not self.enabled:
             return None
         from rich.console import Console

@@ -8,21 +8,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from hardware.errors import PlannerError
 from hardware.registry import DEFAULT_HARDWARE, bundled_names, load_hardware
 from hardware.units import format_bytes
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+from planner.cli_support import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hardware", description="Device profiles used by `plan --hardware`.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="hardware", description="Device profiles used by `plan --hardware`.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     listing = commands.add_parser("list", help="one line per bundled profile")
     listing.add_argument("--json", action="store_true")
     show = commands.add_parser("show", help="every field of one profile, with its sources")

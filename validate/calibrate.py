@@ -112,7 +112,8 @@ def workload_flops_per_s(device: torch.device, graph: LayerGraph, repeats: int =
         k = torch.randn(batch, kv, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
         v = torch.randn(batch, kv, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
 
-        def step(q=q, k=k, v=v, fused=fused) -> None:
+        def step(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, fused: bool = fused,
+                 heads: int = heads, kv: int = kv, seq: int = seq) -> None:
             if fused:
                 out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=heads != kv)
             else:

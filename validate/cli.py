@@ -9,18 +9,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from hardware.errors import PlannerError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+from planner.cli_support import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="validate", description="Run a plan file in PyTorch: does it fit, is it as fast as predicted?")
+    p = OneLineParser(prog="validate", description="Run a plan file in PyTorch: does it fit, is it as fast as predicted?")
     p.add_argument("plan", help="plan file written by `plan --out`")
     p.add_argument("--mode", choices=("auto", "simulate", "run"), default="auto",
                    help="simulate: fake tensors, any size, bytes and FLOPs; run: real steps (default: run on "

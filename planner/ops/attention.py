@@ -98,7 +98,7 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     The heads are merged with a copy (B, T, N*H), saved by ``o_proj``. The shared causal mask is
     saved by ``masked_fill``.
     """
-    *qkv, mask = ctx.inputs
+    *qkv, _mask = ctx.inputs  # the shared causal mask: saved, owned by its producer
     dtype = promote(*(t.dtype for t in qkv))
     n, h = spec.n_heads, spec.head_dim
     bnt = ctx.batch * n * ctx.seq_len
