@@ -7,7 +7,9 @@ produces, with its size rounded up to the CUDA caching allocator's 512-byte bloc
 maximum is what ``torch.cuda.max_memory_allocated()`` would read for the same code.
 
 Storages that exist before the tracker starts (parameters, buffers) are added with ``track``.
-FSDP2's ``UntypedStorage.resize_`` bypasses dispatch modes and is not seen here.
+FSDP2 allocates and frees its unsharded buffers with ``UntypedStorage.resize_``, which bypasses
+dispatch modes: while the tracker is active, ``resize_`` is wrapped so a tracked storage's size
+follows it (and a storage first seen at size 0 is tracked when it grows).
 """
 
 from __future__ import annotations
@@ -74,6 +76,35 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def _release(self, key: int) -> None:
         self.live_bytes -= self._live.pop(key, 0)
+
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        """A storage changed size in place (FSDP2's resize_ to 0 and back)."""
+        key = id(storage)
+        n_bytes = rounded_bytes(storage.nbytes(), self.block_bytes)
+        if key not in self._live:
+            self._live[key] = 0
+            weakref.finalize(storage, self._release, key)
+        self.live_bytes += n_bytes - self._live[key]
+        self._live[key] = n_bytes
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+
+    def __enter__(self) -> LiveStorageTracker:
+        original = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+            result = original(storage, size)
+            tracker._resized(storage)
+            return result
+
+        self._original_resize = original
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.UntypedStorage.resize_ = self._original_resize  # type: ignore[method-assign]
+        super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
