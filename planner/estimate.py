@@ -9,6 +9,7 @@ dense peak of the plan's matmul precision x GPUs) (PaLM, Chowdhery et al. 2022, 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +23,7 @@ from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
 from planner.optimizer import optimizer_spec
+from planner.parallel import Communication, ParallelConfig, ddp_communication, zero1_partition
 from planner.params import param_tensors
 from planner.precision import PrecisionSpec, precision_spec
 from planner.timing import (
@@ -87,8 +89,13 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
             f"data_parallel {knobs.data_parallel} = {knobs.sequences_per_step} sequences, but "
             f"training.global_batch_size is {training.global_batch_size}; choose a micro-batch that divides it"
         )
-    if knobs.data_parallel > 1 or knobs.zero_stage:
-        raise ConfigError("knobs: data_parallel > 1 and zero_stage are not supported yet; plan for one GPU")
+    if knobs.zero_stage and knobs.data_parallel == 1:
+        raise ConfigError("knobs.zero_stage: sharding needs several GPUs; use zero_stage 0 with data_parallel 1")
+    if knobs.zero_stage >= 2:
+        raise ConfigError(
+            f"knobs.zero_stage: stage {knobs.zero_stage} (FSDP2 sharding of parameters/gradients) is not modelled "
+            "yet; use stage 0 (DDP) or 1 (ZeroRedundancyOptimizer)"
+        )
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
     if outside:
         raise ConfigError(
@@ -126,18 +133,42 @@ def times_of(graph: LayerGraph, hw: HardwareProfile) -> OpTimes:
 
 
 def timing(
-    graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, grad_accum_steps: int, recomputed: frozenset[str]
+    graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, grad_accum_steps: int, recomputed: frozenset[str],
+    shard_fraction: float = 1.0,
 ) -> tuple[OpTimes, TimeBreakdown]:
-    """Step time of a graph given which ops the checkpointing re-runs (no memory walk needed)."""
+    """Step time of a graph given which ops the checkpointing re-runs (no memory walk needed);
+    ``shard_fraction`` of the parameters is what this rank's optimizer updates."""
     times = times_of(graph, hw)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    return times, step_time(times, recomputed, grad_accum_steps, optimizer_time_s(graph, opt, hw))
+    return times, step_time(times, recomputed, grad_accum_steps, optimizer_time_s(graph, opt, hw, shard_fraction))
+
+
+def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs) -> float:
+    """The share of the parameters this rank's optimizer updates (ZeRO-1: its largest partition)."""
+    if knobs.data_parallel == 1 or knobs.zero_stage == 0:
+        return 1.0
+    partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
+    return max(sum(p.numel for p in part) for part in partitions) / graph.n_params
+
+
+def data_parallel_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
+                                time: TimeBreakdown) -> Communication:
+    """Collectives of one step over ``knobs.data_parallel`` ranks and what compute hides of them."""
+    grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.param_tensors.values()]
+    param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
+    window = (time.backward_s + time.recompute_s) / knobs.grad_accum_steps  # the last micro-batch's backward
+    return ddp_communication(grad_bytes, param_bytes, knobs.zero_stage, hw,
+                             ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node), window)
 
 
 def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs) -> StaticMemory:
-    """Parameters, optimizer state, data batch and step temporaries for this configuration."""
+    """Parameters, optimizer state, data batch and step temporaries of one rank.
+
+    Several GPUs (``planner.parallel``): DDP's gradient buckets hold every gradient for the whole
+    step (``gradient_as_bucket_view=True``); with ZeRO-1 a rank keeps the optimizer state (and
+    step temporaries) of its own partition only, the largest partition deciding the peak."""
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    return static_memory(
+    static = static_memory(
         graph,
         hw.round_alloc,
         opt.state_tensors_per_param,
@@ -145,6 +176,16 @@ def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, kn
         opt.device_step_scalar,
         data_sequences=knobs.micro_batch_size * knobs.grad_accum_steps,
     )
+    if knobs.data_parallel == 1:
+        return static
+    if knobs.zero_stage == 1:
+        bytes_per = graph.precision.param_dtype.n_bytes
+        partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
+        one = max(sum(hw.round_alloc(p.numel * bytes_per) for p in part) for part in partitions)
+        scalars = hw.round_alloc(4) * max(len(part) for part in partitions) if opt.device_step_scalar else 0
+        static = replace(static, optimizer_bytes=opt.state_tensors_per_param * one + scalars,
+                         optimizer_step_temp_bytes=opt.step_temporaries_per_param * one)
+    return replace(static, grads_resident=True)
 
 
 def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> int:
@@ -175,6 +216,7 @@ def estimate(
     hw: HardwareProfile,
     knobs: Knobs,
     hbm_cap_bytes: int | None = None,
+    gpus_per_node: int = 8,
 ) -> Estimate:
     """Everything about one configuration: its memory timeline, FLOPs and roofline step time."""
     spec = check_knobs(model, training, hw, knobs)
@@ -182,7 +224,12 @@ def estimate(
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.grad_accum_steps)
-    _, time = timing(graph, hw, training, knobs.grad_accum_steps, timeline.recomputed_ops)
+    _, time = timing(graph, hw, training, knobs.grad_accum_steps, timeline.recomputed_ops,
+                     shard_fraction=optimizer_shard_fraction(graph, knobs))
+    if knobs.data_parallel > 1:
+        comm = data_parallel_communication(graph, hw, knobs, gpus_per_node, time)
+        time = time.model_copy(update={"communication_s": comm.exposed_s,
+                                       "step_time_s": time.step_time_s + comm.exposed_s})
     ops = op_rooflines(graph, hw)
 
     per_micro_flops = sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)

@@ -63,6 +63,15 @@ class LayerGraph:
         return tensors
 
     @cached_property
+    def param_specs(self) -> dict[str, ParamTensor]:
+        """Unique parameter tensors with their shapes (state-dict name -> ParamTensor)."""
+        specs: dict[str, ParamTensor] = {}
+        for op in self.nodes:
+            for param in op.spec.params:
+                specs.setdefault(param.name, param)
+        return specs
+
+    @cached_property
     def n_params(self) -> int:
         return sum(self.param_tensors.values())
 
@@ -126,7 +135,7 @@ class _Builder:
         return self.graph.nodes[name]["op"].cost.output  # type: ignore[no-any-return]
 
     def linear(self, name: str, block: int | None, x: str, i: int, o: int, bias: bool, **kw: object) -> str:
-        params: tuple[ParamTensor, ...] = (ParamTensor(name=f"{name}.weight", numel=i * o),)
+        params: tuple[ParamTensor, ...] = (ParamTensor(name=f"{name}.weight", numel=i * o, rows=o),)
         if bias:
             params += (ParamTensor(name=f"{name}.bias", numel=o),)
         spec = _spec(name=name, kind=OpKind.LINEAR, block=block, in_features=i, out_features=o, bias=bias,
@@ -188,13 +197,14 @@ def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: Precisi
     """The forward op graph of ``model`` for a micro-batch of ``batch`` sequences of ``seq_len``."""
     m = model
     g = _Builder(m, batch, seq_len, precision)
-    embed_param = ParamTensor(name="embed.weight", numel=m.vocab_size * m.d_model)
+    embed_param = ParamTensor(name="embed.weight", numel=m.vocab_size * m.d_model, rows=m.vocab_size)
     x = g.add(LayerSpec(name="embed", kind=OpKind.EMBEDDING, in_features=m.vocab_size, out_features=m.d_model,
                         params=(embed_param,)))
     if m.positions is PositionKind.LEARNED:
         pos = g.add(LayerSpec(name="pos_embed", kind=OpKind.POS_EMBEDDING, in_features=m.max_seq_len,
                               out_features=m.d_model,
-                              params=(ParamTensor(name="pos_embed.weight", numel=m.max_seq_len * m.d_model),)))
+                              params=(ParamTensor(name="pos_embed.weight", numel=m.max_seq_len * m.d_model,
+                                                 rows=m.max_seq_len),)))
         x = g.simple("embed_add", OpKind.RESIDUAL_ADD, None, x, pos)
     if m.dropout > 0:
         x = g.simple("embed_dropout", OpKind.DROPOUT, None, x, dropout=m.dropout)
@@ -208,7 +218,8 @@ def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: Precisi
         x = g.block(b, x, rope, mask)
     x = g.norm("final_norm", None, x)
     tied = bool(m.tie_embeddings)
-    head_params = (embed_param,) if tied else (ParamTensor(name="lm_head.weight", numel=m.vocab_size * m.d_model),)
+    head_params = (embed_param,) if tied else (
+        ParamTensor(name="lm_head.weight", numel=m.vocab_size * m.d_model, rows=m.vocab_size),)
     logits = g.add(LayerSpec(name="lm_head", kind=OpKind.LINEAR, in_features=m.d_model, out_features=m.vocab_size,
                              params=head_params, owns_params=not tied), (x,))
     if g.output(logits).dtype.n_bytes != 4:

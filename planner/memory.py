@@ -35,6 +35,7 @@ class StaticMemory:
     data_bytes: int
     grads_bytes: int  # when all gradients exist
     optimizer_step_temp_bytes: int
+    grads_resident: bool = False  # DDP's gradient buckets: allocated once, alive for the whole step
 
 
 @dataclass(frozen=True)
@@ -132,18 +133,20 @@ def simulate_step(
     live.add(CATEGORIES.index(Category.PARAMS), static.params_bytes)
     live.add(CATEGORIES.index(Category.OPTIMIZER), static.optimizer_bytes)
     live.add(CATEGORIES.index(Category.DATA), static.data_bytes)
+    if static.grads_resident:
+        live.add(CATEGORIES.index(Category.GRADS), static.grads_bytes)
     live.observe(Phase.FORWARD, "start")
     activations = logits = 0
     recompute = 0.0
     recomputed: frozenset[str] = frozenset()
     for micro_batch in range(min(grad_accum_steps, 2)):  # later micro-batches repeat the second
         live.micro_batch = micro_batch
-        walk = Walk(prep, units, live, grads_exist=micro_batch > 0)
+        walk = Walk(prep, units, live, grads_exist=micro_batch > 0 or static.grads_resident)
         activations, logits = walk.forward()
         walk.backward()
         recompute = walk.recompute_flops
         recomputed = frozenset(graph.order[i] for i in walk.recomputed)
-        if micro_batch == 0:
+        if micro_batch == 0 and not static.grads_resident:
             live.reset_grads(static.grads_bytes)
     live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
     assert live.peak is not None

@@ -99,7 +99,7 @@ class LiveStorageTracker(TorchDispatchMode):
             return result
 
         self._original_resize = original
-        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
         return super().__enter__()  # type: ignore[no-any-return]
 
     def __exit__(self, *exc: Any) -> None:

@@ -49,11 +49,20 @@ class TensorInfo(BaseModel):
 
 
 class ParamTensor(BaseModel):
-    """One parameter tensor an op uses; ``name`` is its state-dict key (shared when tied)."""
+    """One parameter tensor an op uses; ``name`` is its state-dict key (shared when tied).
+
+    ``rows`` is its first dimension (``out_features`` of a linear weight, ``V`` of an embedding):
+    FSDP2 shards every parameter along it.
+    """
 
     model_config = ConfigDict(frozen=True)
     name: str
     numel: int
+    rows: int = 0  # 0: a 1-D tensor whose rows are its elements
+
+    @property
+    def dim0(self) -> int:
+        return self.rows or self.numel
 
 
 class LayerSpec(BaseModel):

@@ -1,0 +1,131 @@
+"""Data parallelism over N GPUs with ZeRO stages, as PyTorch runs them.
+
+| stage | PyTorch | each rank holds |
+|---|---|---|
+| 0 | DDP (``gradient_as_bucket_view=True``) | params, grads (DDP's buckets), optimizer state |
+| 1 | DDP + ``ZeroRedundancyOptimizer`` | params, grads; optimizer state of its parameter partition |
+| 2 | FSDP2 ``fully_shard(reshard_after_forward=False)`` | 1/N of params, grads, state; unsharded params from a unit's forward to its backward |
+| 3 | FSDP2 ``fully_shard(reshard_after_forward=True)`` | 1/N of everything; a unit's params gathered for its forward and again for its backward |
+
+Model-state bytes per rank follow Rajbhandari et al. 2019 (ZeRO, Sec. 5 and Fig. 1) with P, G, O
+the bytes per parameter of parameters, gradients and optimizer state:
+stage 0 (P+G+O)Ψ, stage 1 (P+G)Ψ + OΨ/N, stage 2 PΨ + (G+O)Ψ/N, stage 3 (P+G+O)Ψ/N. PyTorch's
+granularity makes them exact only up to how tensors split: ZeroRedundancyOptimizer assigns whole
+tensors to ranks (greedily, largest first), FSDP2 chunks every tensor's first dimension into N
+pieces of ceil(rows/N) rows (the last ranks padded).
+
+Communication follows the ring model (Patarasuk & Yuan 2009; NCCL's ring all-reduce): an
+all-reduce moves 2(N-1)/N of the bytes through each GPU's link, a reduce-scatter or an
+all-gather (N-1)/N, plus a fixed latency per collective. The link is the profile's intra-node
+bandwidth when all N ranks share a node, else its inter-node bandwidth (the slowest hop of the
+ring).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware.profile import HardwareProfile
+from planner.ops.base import ParamTensor
+
+
+class ParallelConfig(BaseModel):
+    """Where the data-parallel ranks live."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    world_size: int = Field(default=1, gt=0, description="GPUs (data-parallel ranks)")
+    gpus_per_node: int = Field(default=8, gt=0, description="GPUs that share a node's fast interconnect")
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.world_size / self.gpus_per_node)
+
+
+def model_state_bytes(n_params: float, world_size: int, stage: int, param_bytes: float, grad_bytes: float,
+                      optimizer_bytes: float) -> float:
+    """ZeRO's per-rank model-state bytes (Rajbhandari et al. 2019, Fig. 1): the closed form."""
+    p, g, o, n = param_bytes * n_params, grad_bytes * n_params, optimizer_bytes * n_params, world_size
+    if stage == 0:
+        return p + g + o
+    if stage == 1:
+        return p + g + o / n
+    if stage == 2:
+        return p + (g + o) / n
+    return (p + g + o) / n
+
+
+def fsdp_shard_numel(param: ParamTensor, world_size: int) -> int:
+    """Elements of one rank's (padded) FSDP2 shard: ceil(rows / N) rows of the tensor."""
+    rows = param.dim0
+    return math.ceil(rows / world_size) * (param.numel // rows)
+
+
+def zero1_partition(params: Sequence[ParamTensor], world_size: int) -> list[list[ParamTensor]]:
+    """ZeroRedundancyOptimizer's partition: parameters sorted by size, largest first, each to the
+    rank with the fewest elements so far (torch/distributed/optim/zero_redundancy_optimizer.py,
+    ``_partition_parameters``)."""
+    ranks: list[list[ParamTensor]] = [[] for _ in range(world_size)]
+    sizes = [0] * world_size
+    for param in sorted(params, key=lambda p: p.numel, reverse=True):
+        rank = min(range(world_size), key=lambda r: (sizes[r], r))
+        ranks[rank].append(param)
+        sizes[rank] += param.numel
+    return ranks
+
+
+def link_bandwidth_bytes_per_s(hw: HardwareProfile, parallel: ParallelConfig) -> float:
+    """The ring's slowest hop: NVLink-class inside a node, the NIC across nodes."""
+    if parallel.world_size <= parallel.gpus_per_node:
+        return hw.intra_node_bandwidth_bytes_per_s
+    return min(hw.intra_node_bandwidth_bytes_per_s, hw.inter_node_bandwidth_bytes_per_s)
+
+
+def ring_time_s(n_bytes: float, kind: str, hw: HardwareProfile, parallel: ParallelConfig, n_collectives: int = 1) -> float:
+    """Seconds of one ring collective over ``n_bytes`` (the full tensor, not a shard)."""
+    n = parallel.world_size
+    if n <= 1 or n_bytes <= 0:
+        return 0.0
+    factor = {"all_reduce": 2.0 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n}[kind]
+    return factor * n_bytes / link_bandwidth_bytes_per_s(hw, parallel) + n_collectives * hw.collective_latency_s
+
+
+def ddp_buckets(grad_bytes: Iterable[int], bucket_cap_bytes: int = 25 * 2**20) -> int:
+    """How many all-reduce buckets DDP forms (``bucket_cap_mb=25``; the first bucket is 1 MB)."""
+    buckets, current, cap = 0, 0, 2**20
+    for size in grad_bytes:
+        current += size
+        if current >= cap:
+            buckets, current, cap = buckets + 1, 0, bucket_cap_bytes
+    return buckets + (1 if current else 0)
+
+
+class Communication(BaseModel):
+    """Collective time of one step on one rank, and the part compute does not hide."""
+
+    model_config = ConfigDict(frozen=True)
+    total_s: float
+    exposed_s: float
+    bytes_moved: float  # bytes each rank sends over its link
+
+
+def ddp_communication(grad_bytes: Sequence[int], param_bytes: int, zero_stage: int, hw: HardwareProfile,
+                      parallel: ParallelConfig, backward_window_s: float) -> Communication:
+    """DDP all-reduces the gradients once per step, bucket by bucket while the last micro-batch's
+    backward runs (``no_sync`` on the others); only what outlasts that backward, and at least the
+    last bucket, is exposed. ZeRO-1 then broadcasts every rank's updated partition, after the
+    optimizer step: fully exposed."""
+    total_grad = float(sum(grad_bytes))
+    buckets = max(1, ddp_buckets(grad_bytes))
+    all_reduce = ring_time_s(total_grad, "all_reduce", hw, parallel, buckets)
+    exposed = max(all_reduce - backward_window_s, all_reduce / buckets)
+    moved = 2.0 * (parallel.world_size - 1) / parallel.world_size * total_grad
+    total = all_reduce
+    if zero_stage == 1:
+        broadcast = ring_time_s(param_bytes, "all_gather", hw, parallel, parallel.world_size)
+        total += broadcast
+        exposed += broadcast
+        moved += (parallel.world_size - 1) / parallel.world_size * param_bytes
+    return Communication(total_s=total, exposed_s=exposed, bytes_moved=moved)
