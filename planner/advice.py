@@ -10,7 +10,7 @@ from planner.memory import Category
 from planner.results import PlanEntry
 
 
-def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry) -> str:
+def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, scale_out: str | None = None) -> str:
     """Several lines: the smallest device footprint found, its breakdown, and what would fit it."""
     est, knobs = closest.estimate, closest.knobs
     mem = est.memory
@@ -43,9 +43,12 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry) -
                 fitting.append(f"{name} ({format_bytes(other.hbm_bytes)})")
     if fitting:
         lines.append(f"  devices whose memory holds that plan: {', '.join(fitting)}")
-    lines.append(
-        "  or several GPUs with ZeRO/FSDP sharding of parameters, gradients and optimizer state "
-        f"(model state here: {format_bytes(mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes)}); "
-        "multi-GPU plans are not modelled yet"
-    )
+    state = format_bytes(mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes)
+    if scale_out:
+        lines.append(f"  or more GPUs: {scale_out}")
+    else:
+        lines.append(
+            f"  more GPUs with DDP or ZeRO-1 do not help enough (parameters and gradients stay replicated; model "
+            f"state here {state}); ZeRO-2/3 (FSDP2) sharding would, and is not modelled yet"
+        )
     return "\n".join(lines)

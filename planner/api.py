@@ -27,6 +27,7 @@ from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import estimate
 from planner.knobs import Knobs, parse_checkpoint_spec
 from planner.model_io import Workload, resolve
+from planner.parallel import ParallelConfig, zero_stages
 from planner.params import count_params
 from planner.precision import PrecisionPolicy
 from planner.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
@@ -70,16 +71,18 @@ def estimate_plan(
     hardware: str | Path | HardwareProfile | None,
     knobs: Knobs,
     hbm: str | int | None = None,
+    gpus_per_node: int = 8,
 ) -> PlanResult:
-    """The estimate of one fully fixed configuration, wrapped as a plan result."""
+    """The estimate of one fully fixed configuration (``knobs.data_parallel`` GPUs), as a plan result."""
     hw = load_hardware(hardware)
     cap = hbm if isinstance(hbm, int) else hbm_cap(hw, hbm)
-    result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap)
+    result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap, gpus_per_node=gpus_per_node)
     return PlanResult(
         model=summarize_model(model),
         training=training,
         hardware=hw,
         hbm_cap_bytes=cap,
+        parallel=ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node),
         best=PlanEntry(knobs=knobs, estimate=result),
     )
 
@@ -100,6 +103,9 @@ def plan(
     study_name: str | None = None,
     allow_segments: bool = True,
     on_trial: Callable[[int, int], None] | None = None,
+    gpus: int = 1,
+    gpus_per_node: int = 8,
+    zero_stage: int | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
@@ -111,23 +117,29 @@ def plan(
     cap = hbm_cap(hw, hbm)
     policies = _policies(precisions)
     blocks = _checkpoint_blocks(checkpoint, model.n_layers)
-    if micro_batch_size is not None and (micro_batch_size <= 0 or training.global_batch_size % micro_batch_size):
-        raise ConfigError(
-            f"--micro-batch: {micro_batch_size} must be a positive divisor of the global batch {training.global_batch_size}"
-        )
-    if micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None:
+    parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=max(gpus_per_node, 1))
+    if (micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None
+            and (gpus == 1 or zero_stage is not None)):
+        zero_stages(training, gpus, gpus_per_node, zero_stage)
+        per_gpu = training.global_batch_size // gpus
+        if micro_batch_size <= 0 or per_gpu % micro_batch_size:
+            raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_gpu} "
+                              "sequences each GPU gets per step")
         knobs = Knobs(
             micro_batch_size=micro_batch_size,
-            grad_accum_steps=training.global_batch_size // micro_batch_size,
+            grad_accum_steps=training.global_batch_size // (micro_batch_size * gpus),
             precision=policies[0],
             checkpoint_blocks=blocks,
+            data_parallel=gpus,
+            zero_stage=zero_stage or 0,
         )
-        return estimate_plan(model, training, hw, knobs, hbm=cap)
+        return estimate_plan(model, training, hw, knobs, hbm=cap, gpus_per_node=gpus_per_node)
 
     from search.space import build_space
     from search.study import SamplerKind, SearchOptions, run_search
 
-    space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments)
+    space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, gpus_per_node,
+                        zero_stage)
     if sampler not in {k.value for k in SamplerKind}:
         raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {', '.join(k.value for k in SamplerKind)}")
     try:
@@ -140,18 +152,33 @@ def plan(
         if outcome.closest is None:
             raise InfeasibleError(f"nothing fits in {cap} bytes on {hw.name}, and no plan could be priced")
         closest = PlanResult(model=summarize_model(model), training=training, hardware=hw, hbm_cap_bytes=cap,
-                             best=outcome.closest, search=outcome.stats)
-        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest), closest=closest)
+                             parallel=parallel, best=outcome.closest, search=outcome.stats)
+        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, _scale_out(
+            model, training, hw, cap, space.precisions, gpus, gpus_per_node)), closest=closest)
     return PlanResult(
         model=summarize_model(model),
         training=training,
         hardware=hw,
         hbm_cap_bytes=cap,
+        parallel=parallel,
         best=outcome.best,
         alternatives=outcome.alternatives,
         pareto=outcome.pareto,
         search=outcome.stats,
     )
+
+
+def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap: int,
+               precisions: tuple[PrecisionPolicy, ...], gpus: int, gpus_per_node: int) -> str | None:
+    """"N GPUs with ZeRO-s would hold it" for the fewest N above ``gpus``, or None."""
+    from search.scaling import fewest_gpus
+
+    found = fewest_gpus(model, training, hw, cap, precisions, gpus_per_node, start=gpus)
+    if found is None:
+        return None
+    n, knobs = found
+    return (f"it fits on {n} GPUs with ZeRO-{knobs.zero_stage} ({knobs.precision.value}, micro-batch "
+            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}")
 
 
 def validate(
@@ -198,6 +225,7 @@ __all__ = [
     "ModelSummary",
     "OptimizerImpl",
     "OptimizerKind",
+    "ParallelConfig",
     "ParetoPoint",
     "PlanEntry",
     "PlanResult",

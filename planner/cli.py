@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout", type=float, default=None, help="dropout probability")
     p.add_argument("--optimizer", choices=("adamw", "sgd-momentum", "sgd"), default=None)
     p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default=None)
+    p.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node sharing its fast links (default 8)")
+    p.add_argument("--zero-stage", type=int, default=None,
+                   help="ZeRO stage with several GPUs: 0 DDP, 1 sharded optimizer state (searched if omitted)")
     p.add_argument("--sampler", default="tpe", help="tpe (default), random or exhaustive")
     p.add_argument("--trials", type=int, default=30, help="sampler trials in this process (default 30)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same result)")
@@ -122,6 +126,9 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             study_name=args.study_name,
             allow_segments=not args.no_segments,
             on_trial=on_trial,
+            gpus=args.gpus,
+            gpus_per_node=args.gpus_per_node,
+            zero_stage=args.zero_stage,
         )
     except InfeasibleError as error:
         print(f"plan: {error}", file=sys.stderr)

@@ -23,6 +23,7 @@ from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
 from planner.optimizer import optimizer_spec
+from planner.ops.base import ParamTensor
 from planner.parallel import Communication, ParallelConfig, ddp_communication, zero1_partition
 from planner.params import param_tensors
 from planner.precision import PrecisionSpec, precision_spec
@@ -151,6 +152,15 @@ def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs) -> float:
     return max(sum(p.numel for p in part) for part in partitions) / graph.n_params
 
 
+def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
+                       time: TimeBreakdown) -> TimeBreakdown:
+    """The step time with the collectives compute does not hide (nothing to add on one GPU)."""
+    if knobs.data_parallel == 1:
+        return time
+    comm = data_parallel_communication(graph, hw, knobs, gpus_per_node, time)
+    return time.model_copy(update={"communication_s": comm.exposed_s, "step_time_s": time.step_time_s + comm.exposed_s})
+
+
 def data_parallel_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
                                 time: TimeBreakdown) -> Communication:
     """Collectives of one step over ``knobs.data_parallel`` ranks and what compute hides of them."""
@@ -197,12 +207,17 @@ def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
     """
     spec = precision_spec(knobs.precision)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    tensors = param_tensors(model).values()
-    params = sum(hw.round_alloc(n * spec.param_dtype.n_bytes) for n in tensors)
-    grads = sum(hw.round_alloc(n * spec.grad_dtype.n_bytes) for n in tensors) if knobs.grad_accum_steps > 1 else 0
+    sizes = param_tensors(model)
+    params = sum(hw.round_alloc(n * spec.param_dtype.n_bytes) for n in sizes.values())
+    state = params
+    if knobs.data_parallel > 1 and knobs.zero_stage == 1:
+        partitions = zero1_partition([ParamTensor(name=k, numel=n) for k, n in sizes.items()], knobs.data_parallel)
+        state = max(sum(hw.round_alloc(p.numel * spec.param_dtype.n_bytes) for p in part) for part in partitions)
+    resident = knobs.grad_accum_steps > 1 or knobs.data_parallel > 1
+    grads = sum(hw.round_alloc(n * spec.grad_dtype.n_bytes) for n in sizes.values()) if resident else 0
     data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
     logits = 2 * hw.round_alloc(knobs.micro_batch_size * training.seq_len * model.vocab_size * 4)
-    return params * (1 + opt.state_tensors_per_param) + grads + data + logits
+    return params + state * opt.state_tensors_per_param + grads + data + logits
 
 
 def device_bytes(peak_allocated_bytes: int, hw: HardwareProfile) -> int:
@@ -226,10 +241,7 @@ def estimate(
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.grad_accum_steps)
     _, time = timing(graph, hw, training, knobs.grad_accum_steps, timeline.recomputed_ops,
                      shard_fraction=optimizer_shard_fraction(graph, knobs))
-    if knobs.data_parallel > 1:
-        comm = data_parallel_communication(graph, hw, knobs, gpus_per_node, time)
-        time = time.model_copy(update={"communication_s": comm.exposed_s,
-                                       "step_time_s": time.step_time_s + comm.exposed_s})
+    time = with_communication(graph, hw, knobs, gpus_per_node, time)
     ops = op_rooflines(graph, hw)
 
     per_micro_flops = sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)

@@ -29,7 +29,33 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from hardware.profile import HardwareProfile
+from planner.config import TrainConfig
+from planner.errors import ConfigError
 from planner.ops.base import ParamTensor
+
+
+MODELLED_STAGES = (0, 1)  # ZeRO-2/3 (FSDP2) arrive with their memory model
+
+
+def zero_stages(training: TrainConfig, gpus: int, gpus_per_node: int, zero_stage: int | None) -> tuple[int, ...]:
+    """The ZeRO stages a request allows (checking ``--gpus``, ``--gpus-per-node``, ``--zero-stage``)."""
+    if gpus <= 0 or training.global_batch_size % gpus:
+        raise ConfigError(f"--gpus: {gpus} must be a positive divisor of the global batch {training.global_batch_size}, "
+                          "so every GPU gets whole sequences")
+    if gpus_per_node <= 0:
+        raise ConfigError(f"--gpus-per-node: must be positive, got {gpus_per_node}")
+    if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"--zero-stage: {zero_stage} is not a ZeRO stage; use 0, 1, 2 or 3")
+    if gpus == 1:
+        if zero_stage:
+            raise ConfigError("--zero-stage: sharding needs several GPUs; add --gpus N or use --zero-stage 0")
+        return (0,)
+    if zero_stage is None:
+        return MODELLED_STAGES
+    if zero_stage not in MODELLED_STAGES:
+        raise ConfigError(f"--zero-stage: stage {zero_stage} (FSDP2 sharding) is not modelled yet; use 0 (DDP) or "
+                          "1 (ZeroRedundancyOptimizer)")
+    return (zero_stage,)
 
 
 class ParallelConfig(BaseModel):

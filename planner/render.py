@@ -45,10 +45,12 @@ def verdict(result: PlanResult) -> Text:
 
 def _title(result: PlanResult) -> Text:
     t = result.training
+    gpus = result.best.knobs.data_parallel
+    where = result.hardware.name if gpus == 1 else f"{gpus} × {result.hardware.name}"
     return Text.assemble(
         (f"{result.model.name}", "bold"),
         f" ({format_count(result.model.n_params)} params) on ",
-        (result.hardware.name, "bold"),
+        (where, "bold"),
         f" · seq {t.seq_len} × global batch {t.global_batch_size} = {format_count(t.tokens_per_step)} tokens/step",
     )
 
@@ -69,6 +71,11 @@ def knobs_table(result: PlanResult) -> Table:
     table.add_row("activation checkpointing", f"{len(blocks)} of {n_layers} blocks ({ckpt})")
     t = result.training
     table.add_row("optimizer", f"{t.optimizer.value} ({t.optimizer_impl.value})")
+    if k.data_parallel > 1:
+        how = {0: "DDP (gradient buckets, all-reduce)", 1: "DDP + ZeroRedundancyOptimizer (optimizer state sharded)"}
+        nodes = result.parallel.nodes
+        table.add_row("data parallel", f"{k.data_parallel} GPUs on {nodes} node{'s' if nodes > 1 else ''}, "
+                      f"ZeRO-{k.zero_stage}: {how.get(k.zero_stage, 'FSDP2')}")
     return table
 
 
@@ -80,7 +87,7 @@ def memory_table(result: PlanResult) -> Table:
     opt = optimizer_spec(result.training.optimizer, result.training.optimizer_impl)
     n = format_count(result.model.n_params)
     m, t = result.model.config, result.training
-    table = Table(title="Memory (one GPU, steady-state step)", title_justify="left")
+    table = Table(title="Memory (per GPU, steady-state step)", title_justify="left")
     table.add_column("what")
     table.add_column("napkin math")
     table.add_column("bytes", justify="right")
@@ -130,6 +137,8 @@ def time_table(result: PlanResult) -> Table:
     table.add_row("backward", "≈ 2 × forward FLOPs", _seconds(tb.backward_s))
     table.add_row("recompute", "checkpointed blocks' forward again", _seconds(tb.recompute_s))
     table.add_row("optimizer", "memory-bound pass over params, grads, state", _seconds(tb.optimizer_s))
+    if result.best.knobs.data_parallel > 1:
+        table.add_row("communication", "collectives compute does not hide (ring model)", _seconds(tb.communication_s))
     table.add_row(Text("step", style="bold"), f"lower bound (pure roofline) {_seconds(tb.lower_bound_s)}", Text(_seconds(tb.step_time_s), style="bold"))
     table.add_row(
         "FLOPs",

@@ -17,6 +17,7 @@ from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
 from planner.estimate import Estimate
 from planner.knobs import Knobs
+from planner.parallel import ParallelConfig
 
 
 class ModelSummary(BaseModel):
@@ -65,6 +66,7 @@ class PlanResult(BaseModel):
     training: TrainConfig
     hardware: HardwareProfile
     hbm_cap_bytes: int
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="GPUs and GPUs per node")
     best: PlanEntry
     alternatives: tuple[PlanEntry, ...] = Field(default=(), description="the next fastest plans that fit")
     pareto: tuple[ParetoPoint, ...] = Field(default=(), description="step time vs device memory, non-dominated")

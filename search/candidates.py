@@ -26,6 +26,7 @@ from planner.estimate import (
     peak_lower_bound,
     static_for,
     timing,
+    with_communication,
 )
 from planner.knobs import Knobs
 from planner.memory import Timeline, checkpoint_units, recomputed_ops, simulate_step
@@ -40,8 +41,8 @@ BRUTE_FORCE_MAX_BLOCKS = 12
 class Evaluation:
     """The best plan at one search point, and every placement priced on the way.
 
-    ``chosen`` carries the solver's step time and device bytes; ``exact`` re-prices it with
-    the full memory walk (the search does that for the plans it reports).
+    ``chosen`` carries the solver's step time and device bytes; the search re-prices the plans
+    it reports with the full memory walk.
     """
 
     chosen: ParetoPoint
@@ -56,9 +57,6 @@ class Evaluation:
     @property
     def fits(self) -> bool:
         return self.chosen.device_bytes <= self.cap_bytes
-
-    def exact(self, model: ModelConfig, training: TrainConfig, hw: HardwareProfile) -> Estimate:
-        return estimate(model, training, hw, self.chosen.knobs, self.cap_bytes)
 
 
 def _per_block_curve(
@@ -104,18 +102,23 @@ def evaluate(
     fixed_checkpoint: tuple[int, ...] | None = None,
     allow_segments: bool = True,
     prune: bool = True,
+    data_parallel: int = 1,
+    zero_stage: int = 0,
+    gpus_per_node: int = 8,
 ) -> Evaluation:
     """The fastest plan at this point that fits ``cap_bytes`` (or the smallest one if none fits).
 
     With ``prune``, a point whose lower bound already exceeds the cap is not walked at all."""
     base = Knobs(
         micro_batch_size=micro_batch_size,
-        grad_accum_steps=training.global_batch_size // micro_batch_size,
+        grad_accum_steps=training.global_batch_size // (micro_batch_size * data_parallel),
         precision=precision,
+        data_parallel=data_parallel,
+        zero_stage=zero_stage,
     )
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
-        est = estimate(model, training, hw, knobs, cap_bytes)
+        est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
         point = ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs)
         return Evaluation(chosen=point, points=(point,), cap_bytes=cap_bytes)
     spec = check_knobs(model, training, hw, base)
@@ -143,8 +146,10 @@ def evaluate(
         curve = [(all_peak, (1,) * model.n_layers)]
     for peak, placement in curve:
         blocks = tuple(i for i, s in enumerate(placement) if s)
-        step_s = no_recompute.step_time_s + sum(rerun_s[b] for b in blocks)
+        rerun = sum(rerun_s[b] for b in blocks)
+        time = no_recompute.model_copy(update={"recompute_s": rerun, "step_time_s": no_recompute.step_time_s + rerun})
         knobs = base.model_copy(update={"checkpoint_blocks": blocks})
+        step_s = with_communication(graph, hw, knobs, gpus_per_node, time).step_time_s
         points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(peak, hw), knobs=knobs))
     fitting = [p for p in points if p.device_bytes <= cap_bytes]
     # segments keep one input per segment instead of one per block: at best they save all but
@@ -154,7 +159,7 @@ def evaluate(
     if not fitting and allow_segments and best_case <= cap_bytes:
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})
-            est = estimate(model, training, hw, knobs, cap_bytes)
+            est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
             points.append(ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs))
         fitting = [p for p in points if p.device_bytes <= cap_bytes]
     if fitting:

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
+from planner.parallel import MODELLED_STAGES, zero_stages
 from planner.precision import PrecisionPolicy, precision_spec
 
 # The default policies, in order of preference (README "Search"): the two bf16 policies every
@@ -22,23 +23,28 @@ class SearchSpace(BaseModel):
     model_config = ConfigDict(frozen=True)
     micro_batch_sizes: tuple[int, ...]
     precisions: tuple[PrecisionPolicy, ...]
+    zero_stages: tuple[int, ...] = (0,)
+    data_parallel: int = 1
+    gpus_per_node: int = 8
     fixed_checkpoint: tuple[int, ...] | None = None
     allow_segments: bool = True
 
     @property
     def size(self) -> int:
-        return len(self.micro_batch_sizes) * len(self.precisions)
+        return len(self.micro_batch_sizes) * len(self.precisions) * len(self.zero_stages)
 
-    def known_good(self) -> list[tuple[int, PrecisionPolicy]]:
-        """Enqueued first: the smallest micro-batch in every precision (the likeliest to fit)."""
-        return [(self.micro_batch_sizes[0], p) for p in self.precisions]
+    def known_good(self) -> list[tuple[int, PrecisionPolicy, int]]:
+        """Enqueued first: the smallest micro-batch in every precision, with the most sharding
+        (the likeliest to fit)."""
+        return [(self.micro_batch_sizes[0], p, self.zero_stages[-1]) for p in self.precisions]
 
-    def neighbours(self, micro_batch_size: int, precision: str) -> list[tuple[int, str]]:
-        """Adjacent micro-batches in the same precision, the same micro-batch in the others."""
+    def neighbours(self, micro_batch_size: int, precision: str, zero_stage: int) -> list[tuple[int, str, int]]:
+        """Adjacent micro-batches, then the same micro-batch in the other precisions and stages."""
         sizes = self.micro_batch_sizes
         i = sizes.index(micro_batch_size)
-        out = [(sizes[j], precision) for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
-        out += [(micro_batch_size, p.value) for p in self.precisions if p.value != precision]
+        out = [(sizes[j], precision, zero_stage) for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
+        out += [(micro_batch_size, p.value, zero_stage) for p in self.precisions if p.value != precision]
+        out += [(micro_batch_size, precision, z) for z in self.zero_stages if z != zero_stage]
         return out
 
 
@@ -54,13 +60,18 @@ def build_space(
     micro_batch_size: int | None = None,
     checkpoint_blocks: tuple[int, ...] | None = None,
     allow_segments: bool = True,
+    gpus: int = 1,
+    gpus_per_node: int = 8,
+    zero_stage: int | None = None,
 ) -> SearchSpace:
-    """The space for one GPU: micro-batches that divide the global batch (accumulation derived),
-    precisions the device runs; a knob given on the command line is fixed."""
-    per_gpu = training.global_batch_size
+    """The space: micro-batches that divide each GPU's share of the global batch (accumulation
+    derived), precisions the device runs, ZeRO stages on several GPUs; a knob given is fixed."""
+    stages = zero_stages(training, gpus, gpus_per_node, zero_stage)
+    per_gpu = training.global_batch_size // gpus
     if micro_batch_size is not None:
         if micro_batch_size <= 0 or per_gpu % micro_batch_size:
-            raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the global batch {per_gpu}")
+            raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_gpu} "
+                              f"sequences each GPU gets per step")
         sizes: tuple[int, ...] = (micro_batch_size,)
     else:
         sizes = divisors(per_gpu)
@@ -78,5 +89,8 @@ def build_space(
                     f"(it runs {runs})"
                 )
         chosen = tuple(dict.fromkeys(precisions))
-    return SearchSpace(micro_batch_sizes=sizes, precisions=chosen, fixed_checkpoint=checkpoint_blocks,
-                       allow_segments=allow_segments)
+    return SearchSpace(micro_batch_sizes=sizes, precisions=chosen, zero_stages=stages, data_parallel=gpus,
+                       gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks, allow_segments=allow_segments)
+
+
+__all__ = ["MODELLED_STAGES", "SearchSpace", "build_space", "divisors"]

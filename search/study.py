@@ -33,7 +33,7 @@ from search.candidates import Evaluation, evaluate
 from search.pareto import non_dominated
 from search.space import SearchSpace
 
-_MB, _PRECISION = "micro_batch_size", "precision"
+_MB, _PRECISION, _ZERO = "micro_batch_size", "precision", "zero_stage"
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 
 
@@ -72,7 +72,8 @@ def _sampler(options: SearchOptions, space: SearchSpace) -> optuna.samplers.Base
         return [float(trial.user_attrs.get("excess_bytes", 0.0))]
 
     if options.sampler is SamplerKind.EXHAUSTIVE:
-        grid: dict[str, list[object]] = {_MB: list(space.micro_batch_sizes), _PRECISION: [p.value for p in space.precisions]}
+        grid: dict[str, list[object]] = {_MB: list(space.micro_batch_sizes), _PRECISION: [p.value for p in space.precisions],
+                                         _ZERO: list(space.zero_stages)}
         return optuna.samplers.GridSampler(grid, seed=options.seed)  # type: ignore[arg-type]
     if options.sampler is SamplerKind.RANDOM:
         return optuna.samplers.RandomSampler(seed=options.seed)
@@ -142,24 +143,26 @@ def run_search(
     from planner.estimate import estimate
 
     start = time.perf_counter()
-    evaluations: dict[tuple[int, str], Evaluation] = {}
+    evaluations: dict[tuple[int, str, int], Evaluation] = {}
 
-    def price(mb: int, precision: str) -> Evaluation:
-        key = (mb, precision)
+    def price(mb: int, precision: str, zero_stage: int) -> Evaluation:
+        key = (mb, precision, zero_stage)
         if key not in evaluations:
             evaluations[key] = evaluate(model, training, hw, cap_bytes, mb, PrecisionPolicy(precision),
-                                        space.fixed_checkpoint, space.allow_segments)
+                                        space.fixed_checkpoint, space.allow_segments, data_parallel=space.data_parallel,
+                                        zero_stage=zero_stage, gpus_per_node=space.gpus_per_node)
         return evaluations[key]
 
     def objective(trial: optuna.Trial) -> float:
         mb = trial.suggest_categorical(_MB, list(space.micro_batch_sizes))
         precision = trial.suggest_categorical(_PRECISION, [p.value for p in space.precisions])
-        return _record(trial, price(int(mb), str(precision)))  # type: ignore[arg-type]
+        stage = trial.suggest_categorical(_ZERO, list(space.zero_stages))
+        return _record(trial, price(int(mb), str(precision), int(stage)))  # type: ignore[arg-type]
 
     study = _create_study(options, space)
     if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
-        for mb, precision in space.known_good():
-            study.enqueue_trial({_MB: mb, _PRECISION: precision.value}, skip_if_exists=True)
+        for mb, precision, stage in space.known_good():
+            study.enqueue_trial({_MB: mb, _PRECISION: precision.value, _ZERO: stage}, skip_if_exists=True)
     n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
     done = 0
 
@@ -182,7 +185,7 @@ def run_search(
             distinct.append(knobs)
 
     def entry(knobs: Knobs) -> PlanEntry:
-        return PlanEntry(knobs=knobs, estimate=estimate(model, training, hw, knobs, cap_bytes))
+        return PlanEntry(knobs=knobs, estimate=estimate(model, training, hw, knobs, cap_bytes, space.gpus_per_node))
 
     best = entry(distinct[0]) if distinct else None
     alternatives = tuple(entry(k) for k in distinct[1 : 1 + options.n_alternatives])
@@ -193,7 +196,9 @@ def run_search(
         knobs = Knobs.model_validate(smallest.user_attrs["knobs"])
         if smallest.user_attrs.get("pruned"):
             knobs = evaluate(model, training, hw, cap_bytes, knobs.micro_batch_size, knobs.precision,
-                             space.fixed_checkpoint, space.allow_segments, prune=False).knobs
+                             space.fixed_checkpoint, space.allow_segments, prune=False,
+                             data_parallel=space.data_parallel, zero_stage=knobs.zero_stage,
+                             gpus_per_node=space.gpus_per_node).knobs
         closest = entry(knobs)
     stats = SearchStats(
         sampler=options.sampler.value,
@@ -208,11 +213,15 @@ def run_search(
                          closest=closest, stats=stats)
 
 
+def _point(trial: optuna.trial.FrozenTrial) -> tuple[int, str, int]:
+    return int(trial.params[_MB]), str(trial.params[_PRECISION]), int(trial.params.get(_ZERO, 0))
+
+
 def _polish(
     study: optuna.Study,
     space: SearchSpace,
     objective: Callable[[optuna.Trial], float],
-    evaluations: dict[tuple[int, str], Evaluation],
+    evaluations: dict[tuple[int, str, int], Evaluation],
 ) -> None:
     """Price the unvisited neighbours of the incumbent until it stops improving."""
     while True:
@@ -221,11 +230,10 @@ def _polish(
         if not feasible:
             return
         incumbent = min(feasible, key=lambda t: (t.value, t.number))
-        visited = {(int(t.params[_MB]), str(t.params[_PRECISION])) for t in trials} | set(evaluations)
-        fresh = [n for n in space.neighbours(int(incumbent.params[_MB]), str(incumbent.params[_PRECISION]))
-                 if n not in visited]
+        visited = {_point(t) for t in trials} | set(evaluations)
+        fresh = [n for n in space.neighbours(*_point(incumbent)) if n not in visited]
         if not fresh:
             return
-        for mb, precision in fresh:
-            study.enqueue_trial({_MB: mb, _PRECISION: precision})
+        for mb, precision, stage in fresh:
+            study.enqueue_trial({_MB: mb, _PRECISION: precision, _ZERO: stage})
         study.optimize(objective, n_trials=len(fresh))

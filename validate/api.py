@@ -24,6 +24,11 @@ def validate(
     device, or ``auto`` (run on CUDA when available, else simulate)."""
     if not isinstance(plan, PlanResult):
         plan = PlanResult.load(plan)
+    if plan.best.knobs.data_parallel > 1:
+        raise ConfigError(
+            f"validate: this plan uses {plan.best.knobs.data_parallel} GPUs; multi-GPU validation (torchrun with DDP "
+            "or FSDP2, or a fake process group in simulate) is not available yet"
+        )
     if mode not in ("auto", "simulate", "run"):
         raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run")
     if mode == "auto":

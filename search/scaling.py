@@ -1,0 +1,38 @@
+"""When nothing fits: the fewest GPUs (and ZeRO stage) that would hold the smallest plan."""
+
+from __future__ import annotations
+
+from hardware.profile import HardwareProfile
+from planner.config import ModelConfig, TrainConfig
+from planner.knobs import Knobs
+from planner.precision import PrecisionPolicy
+from search.candidates import evaluate
+from planner.parallel import MODELLED_STAGES
+from search.space import divisors
+
+
+def fewest_gpus(
+    model: ModelConfig,
+    training: TrainConfig,
+    hw: HardwareProfile,
+    cap_bytes: int,
+    precisions: tuple[PrecisionPolicy, ...],
+    gpus_per_node: int,
+    start: int = 1,
+) -> tuple[int, Knobs] | None:
+    """The smallest GPU count above ``start`` (a divisor of the global batch) on which some plan
+    fits, with the least sharding that makes it fit; None if no count does."""
+    for gpus in divisors(training.global_batch_size):
+        if gpus <= start:
+            continue
+        smallest = training.global_batch_size // gpus
+        for stage in MODELLED_STAGES:
+            for precision in precisions:
+                for micro in (1, smallest):
+                    if smallest % micro:
+                        continue
+                    ev = evaluate(model, training, hw, cap_bytes, micro, precision, data_parallel=gpus,
+                                  zero_stage=stage, gpus_per_node=gpus_per_node)
+                    if ev.fits:
+                        return gpus, ev.knobs
+    return None

@@ -1,0 +1,100 @@
+"""The search on several GPUs: ZeRO stage as a searched knob, default sampler vs exhaustive,
+fixed stages, fewest-GPU advice, and the flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner import api
+from planner.cli import main as plan_main
+from planner.config import ModelConfig, TrainConfig
+from planner.errors import ConfigError, InfeasibleError
+
+
+def _best(model: ModelConfig, training: TrainConfig, hw: str, cap: int, gpus: int, sampler: str) -> float | None:
+    try:
+        result = api.plan(model, training, hw, cap, gpus=gpus, sampler=sampler)
+    except InfeasibleError:
+        return None
+    assert result.best.estimate.memory.fits and result.best.knobs.data_parallel == gpus
+    return result.best.estimate.step_time_s
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    family=st.sampled_from(["llama", "gpt2"]),
+    n_layers=st.integers(2, 5),
+    gpus=st.sampled_from([2, 4, 8, 16]),
+    per_gpu=st.sampled_from([1, 2, 4]),
+    cap_gb=st.floats(1.1, 1.4),
+)
+def test_default_sampler_matches_exhaustive_on_several_gpus(family: str, n_layers: int, gpus: int, per_gpu: int,
+                                                            cap_gb: float) -> None:
+    model = ModelConfig(family=family, n_layers=n_layers, d_model=256, n_heads=4, d_ff=1024, vocab_size=32000,
+                        max_seq_len=512)
+    training = TrainConfig(seq_len=512, global_batch_size=gpus * per_gpu)
+    cap = int(cap_gb * 1e9)
+    exhaustive = _best(model, training, "h100-sxm", cap, gpus, "exhaustive")
+    default = _best(model, training, "h100-sxm", cap, gpus, "tpe")
+    assert (exhaustive is None) == (default is None)
+    if exhaustive is not None:
+        assert default == pytest.approx(exhaustive, rel=1e-12)
+
+
+def test_zero1_is_chosen_when_ddp_does_not_fit() -> None:
+    model, training = api.load_model("llama2-7b", global_batch_size=64)
+    result = api.plan(model, training, "h100-sxm", "80GB", gpus=16, precisions=["bf16-mixed"])
+    assert result.best.knobs.zero_stage == 1
+    with pytest.raises(InfeasibleError):
+        api.plan(model, training, "h100-sxm", "80GB", gpus=16, precisions=["bf16-mixed"], zero_stage=0)
+
+
+def test_infeasible_names_the_fewest_gpus() -> None:
+    model, training = api.load_model("llama2-7b", global_batch_size=64)
+    with pytest.raises(InfeasibleError) as error:
+        api.plan(model, training, "h100-sxm", "80GB", precisions=["bf16-mixed"])
+    message = str(error.value)
+    assert "it fits on 16 GPUs with ZeRO-1" in message and "--gpus 16 --zero-stage 1" in message
+    fits = api.plan(model, training, "h100-sxm", "80GB", precisions=["bf16-mixed"], gpus=16, zero_stage=1)
+    assert fits.best.estimate.memory.fits
+    with pytest.raises(InfeasibleError):
+        api.plan(model, training, "h100-sxm", "80GB", precisions=["bf16-mixed"], gpus=8, zero_stage=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"gpus": 3}, "--gpus"),
+        ({"gpus": 0}, "--gpus"),
+        ({"zero_stage": 1}, "--zero-stage"),
+        ({"gpus": 2, "zero_stage": 5}, "--zero-stage"),
+        ({"gpus": 2, "zero_stage": 3}, "not modelled yet"),
+        ({"gpus": 2, "gpus_per_node": 0}, "--gpus-per-node"),
+        ({"gpus": 2, "micro_batch_size": 8}, "--micro-batch"),
+    ],
+)
+def test_bad_multi_gpu_requests(kwargs: dict, needle: str) -> None:
+    model, training = api.load_model("tiny-llama")  # global batch 8
+    with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
+        api.plan(model, training, **kwargs)
+
+
+def test_cli_flags_and_plan_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    out = tmp_path / "plan.json"
+    code = plan_main(["--model", "tiny-llama", "--gpus", "4", "--gpus-per-node", "2", "--out", str(out), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["best"]["knobs"]["data_parallel"] == 4
+    assert data["parallel"] == {"world_size": 4, "gpus_per_node": 2}
+    assert data["best"]["knobs"]["micro_batch_size"] * data["best"]["knobs"]["grad_accum_steps"] == 2
+    assert json.loads(out.read_text())["parallel"]["world_size"] == 4
+    assert plan_main(["--model", "tiny-llama", "--gpus", "3"]) == 2
+    assert "--gpus" in capsys.readouterr().err
+    from validate.cli import main as validate_main
+
+    assert validate_main([str(out), "--mode", "simulate"]) == 2
+    assert "GPUs" in capsys.readouterr().err
