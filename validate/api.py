@@ -25,10 +25,7 @@ def validate(
     if not isinstance(plan, PlanResult):
         plan = PlanResult.load(plan)
     if plan.best.knobs.data_parallel > 1:
-        raise ConfigError(
-            f"validate: this plan uses {plan.best.knobs.data_parallel} GPUs; multi-GPU validation (torchrun with DDP "
-            "or FSDP2, or a fake process group in simulate) is not available yet"
-        )
+        return _validate_data_parallel(plan, mode, device, steps, hardware)
     if mode not in ("auto", "simulate", "run"):
         raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run")
     if mode == "auto":
@@ -39,3 +36,28 @@ def validate(
         return simulate(plan)
     profile = load_hardware(hardware) if hardware is not None else None
     return run(plan, device=device or "cuda", steps=steps, profile=profile)
+
+
+def _validate_data_parallel(plan: PlanResult, mode: str, device: str | None, steps: int,
+                            hardware: str | Path | None) -> ValidationReport:
+    from validate.distributed import launched_by_torchrun, run_rank, simulate_rank
+
+    gpus = plan.best.knobs.data_parallel
+    if mode == "auto":
+        mode = "run" if launched_by_torchrun() else "simulate"
+    if mode == "simulate":
+        return simulate_rank(plan)
+    if not launched_by_torchrun():
+        raise ConfigError(f"--mode run: this plan uses {gpus} GPUs; launch it with torchrun --nproc-per-node {gpus} "
+                          "-m validate PLAN.json --mode run (or --mode simulate for one rank in this process)")
+    profile = load_hardware(hardware) if hardware is not None else None
+    report = run_rank(plan, device or "cuda", steps, profile)
+    if report is None:  # ranks other than 0 print nothing
+        raise _QuietExit
+    return report
+
+
+class _QuietExit(ConfigError):
+    """A non-zero rank of a torchrun validation: rank 0 reports."""
+
+    exit_code = 0

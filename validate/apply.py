@@ -7,13 +7,21 @@
   segments;
 - optimizer: ``torch.optim.AdamW`` / ``SGD`` with ``foreach`` or ``fused`` as planned;
 - one optimizer step = ``grad_accum_steps`` micro-batches, each loss scaled by 1/steps, then
-  ``step()`` and ``zero_grad(set_to_none=True)``.
+  ``step()`` and ``zero_grad(set_to_none=True)``;
+- several GPUs (``data_parallel`` > 1): ZeRO-0 wraps the model in
+  ``DistributedDataParallel(gradient_as_bucket_view=True)``, ZeRO-1 also shards the optimizer
+  with ``ZeroRedundancyOptimizer``; every micro-batch but the last runs under ``no_sync()`` and
+  the gradients are zeroed in place (``set_to_none=False``), so they stay views of DDP's buckets:
+  with ``set_to_none=True`` the ``no_sync`` micro-batches would allocate a second set of
+  gradients beside the buckets (measured).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -35,15 +43,37 @@ def configure_model(model: Transformer, knobs: Knobs) -> Transformer:
     return model
 
 
-def make_optimizer(model: torch.nn.Module, training: TrainConfig) -> torch.optim.Optimizer:
+def _optimizer_args(training: TrainConfig) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     fused = training.optimizer_impl == OptimizerImpl.FUSED
-    params = list(model.parameters())
+    impl: dict[str, Any] = {"fused": fused or None, "foreach": not fused or None}
     if training.optimizer == OptimizerKind.ADAMW:
-        return torch.optim.AdamW(params, lr=1e-4, weight_decay=training.weight_decay,
-                                 fused=fused or None, foreach=not fused or None)
+        return torch.optim.AdamW, {"lr": 1e-4, "weight_decay": training.weight_decay, **impl}
     momentum = 0.9 if training.optimizer == OptimizerKind.SGD_MOMENTUM else 0.0
-    return torch.optim.SGD(params, lr=1e-3, momentum=momentum, weight_decay=0.0,
-                           fused=fused or None, foreach=not fused or None)
+    return torch.optim.SGD, {"lr": 1e-3, "momentum": momentum, "weight_decay": 0.0, **impl}
+
+
+def make_optimizer(model: torch.nn.Module, training: TrainConfig, zero_stage: int = 0) -> torch.optim.Optimizer:
+    """The planned optimizer; with ZeRO-1, a ZeroRedundancyOptimizer around it."""
+    cls, kwargs = _optimizer_args(training)
+    if zero_stage == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=cls, **kwargs)
+    return cls(list(model.parameters()), **kwargs)
+
+
+def wrap_data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DDP with the gradients as views of its all-reduce buckets (one copy of them, not two)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every state tensor (the wrapped optimizer's, for ZeroRedundancyOptimizer)."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return [v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
 @contextmanager
@@ -79,18 +109,21 @@ def train_step(
     """One optimizer step over ``grad_accum_steps`` micro-batches sliced from the batch."""
     b = knobs.micro_batch_size
     device_type = input_ids.device.type
+    ddp = hasattr(model, "no_sync")
     for micro in range(knobs.grad_accum_steps):
         rows = slice(micro * b, (micro + 1) * b)
-        with precision_context(spec, device_type):
-            loss = model(input_ids[rows], targets[rows]) / knobs.grad_accum_steps
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
-        del loss
+        sync = contextlib.nullcontext() if not ddp or micro == knobs.grad_accum_steps - 1 else model.no_sync()
+        with sync:
+            with precision_context(spec, device_type):
+                loss = model(input_ids[rows], targets[rows]) / knobs.grad_accum_steps
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            del loss
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=not ddp)

@@ -36,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = PlanResult.load(args.plan)
         report = api.validate(plan, mode=args.mode, device=args.device, steps=args.steps, hardware=args.hardware)
     except PlannerError as error:
+        if error.exit_code == 0:  # a non-zero torchrun rank: rank 0 prints the report
+            return 0
         print(f"validate: error: {error}", file=sys.stderr)
         return error.exit_code
     if args.json:

@@ -64,6 +64,7 @@ class ValidationReport(BaseModel):
     allocated_at_failure_bytes: int | None = None
     notes: tuple[str, ...] = ()
     verdict: Verdict
+    per_rank: tuple[Figures, ...] = Field(default=(), description="each rank's figures (several GPUs)")
 
     @property
     def passed(self) -> bool:

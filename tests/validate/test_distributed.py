@@ -1,0 +1,60 @@
+"""Several GPUs in PyTorch: real 2-rank gloo runs (DDP, ZeRO-1) and the one-rank emulation
+against the planner's per-rank memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from planner import api  # noqa: E402
+from planner.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.knobs import Knobs  # noqa: E402
+from validate.api import validate  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ModelConfig(family="llama", name="small-llama", n_layers=3, d_model=128, n_heads=4, n_kv_heads=2,
+                    d_ff=344, vocab_size=2048, max_seq_len=256)
+
+
+def _plan(gpus: int, stage: int, accum: int = 2, precision: str = "fp32", blocks: tuple[int, ...] = ()) -> api.PlanResult:
+    training = TrainConfig(seq_len=128, global_batch_size=2 * accum * gpus)
+    knobs = Knobs(micro_batch_size=2, grad_accum_steps=accum, precision=precision, data_parallel=gpus,
+                  zero_stage=stage, checkpoint_blocks=blocks)
+    return api.estimate_plan(SMALL, training, "h100-sxm", knobs)
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_two_ranks_over_gloo(stage: int, tmp_path: Path) -> None:
+    """A real 2-rank CPU run (torchrun, gloo): every rank measured by the tracker, the largest
+    within 5% of the predicted per-rank peak (issue 5 asks 5%; the planner is built to match)."""
+    plan = _plan(2, stage, blocks=(1,)).save(tmp_path / "plan.json")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(29500 + stage),
+         "-m", "validate", str(plan), "--mode", "run", "--device", "cpu", "--steps", "1", "--json"],
+        capture_output=True, text=True, timeout=600, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout[done.stdout.index("{"):])
+    assert len(report["per_rank"]) == 2
+    assert abs(report["errors"]["peak_allocated"]) < 0.05
+    assert report["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("gpus", [2, 8, 64])
+@pytest.mark.parametrize("stage", [0, 1])
+def test_one_rank_emulated(stage: int, gpus: int) -> None:
+    report = validate(_plan(gpus, stage, precision="bf16-mixed"), mode="simulate")
+    assert report.passed, report.notes
+    assert abs(report.errors["peak_allocated"]) < 0.03
+
+
+def test_run_without_torchrun_says_how() -> None:
+    from hardware.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="torchrun --nproc-per-node 4"):
+        validate(_plan(4, 0), mode="run", device="cpu")

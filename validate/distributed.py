@@ -1,0 +1,165 @@
+"""Several GPUs: run a data-parallel plan across real ranks (torchrun), or emulate one rank.
+
+    torchrun --nproc-per-node N -m validate plan.json --mode run --device cuda   # NCCL
+    torchrun --nproc-per-node 2 -m validate plan.json --mode run --device cpu    # gloo
+
+Every rank applies the plan (``validate.apply``: DDP with gradient buckets, ZeRO-1's
+``ZeroRedundancyOptimizer``), trains on its own share of the global batch, and measures its peak
+(``max_memory_allocated`` on CUDA, the live-storage tracker on CPU) and its step time; rank 0
+gathers every rank's figures and writes the report. ``simulate`` emulates the worst rank in one
+process under fake tensors, for any size: the gradients are allocated up front as DDP's buckets
+are and zeroed in place, and with ZeRO-1 the optimizer holds only that rank's partition (the
+partition ZeroRedundancyOptimizer makes, ``planner.parallel.zero1_partition``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from hardware.errors import ConfigError
+from hardware.profile import HardwareProfile
+from planner.estimate import cached_graph, estimate
+from planner.parallel import zero1_partition
+from planner.precision import precision_spec
+from planner.results import PlanResult
+from validate.apply import (
+    _optimizer_args,
+    configure_model,
+    make_optimizer,
+    make_scaler,
+    optimizer_state,
+    param_dtype,
+    train_step,
+    wrap_data_parallel,
+)
+from validate.reference_model import build_model
+from validate.report import TOLERANCES, Figures, Mode, ValidationReport, judge
+from validate.run import WARMUP_STEPS, _cpu_times, _cuda_times, _predicted
+from validate.tracker import LiveStorageTracker
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _report(plan: PlanResult, mode: Mode, device: str, steps: int, predicted: Figures, per_rank: list[Figures],
+            notes: tuple[str, ...], tolerances: dict[str, float]) -> ValidationReport:
+    worst = max(per_rank, key=lambda f: f.peak_allocated_bytes or 0)
+    times = [f.step_time_s for f in per_rank if f.step_time_s is not None]
+    measured = worst.model_copy(update={"step_time_s": max(times) if times else None,
+                                        "tokens_per_s": plan.training.tokens_per_step / max(times) if times else None})
+    errors, verdict, reasons = judge(predicted, measured, tolerances, fits=True)
+    return ValidationReport(
+        model=plan.model.name, hardware=plan.hardware.name, knobs=plan.best.knobs.model_dump(mode="json"), mode=mode,
+        device=device, torch_version=torch.__version__, steps=steps, predicted=predicted, measured=measured,
+        errors=errors, tolerances=tolerances, fits=True, notes=notes + reasons, verdict=verdict,
+        per_rank=tuple(per_rank),
+    )
+
+
+def simulate_rank(plan: PlanResult) -> ValidationReport:
+    """The rank with the most optimizer state, emulated in one process under fake tensors."""
+    model, training, knobs = plan.model.config, plan.training, plan.best.knobs
+    spec = precision_spec(knobs.precision)
+    graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
+    rows = knobs.micro_batch_size * knobs.grad_accum_steps
+    with FakeTensorMode():
+        net = configure_model(build_model(model, param_dtype(spec)), knobs)
+        named = dict(net.named_parameters())
+        if knobs.zero_stage == 1:
+            partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
+            mine = max(partitions, key=lambda part: sum(p.numel for p in part))
+            cls, kwargs = _optimizer_args(training)
+            optimizer = cls([named[p.name] for p in mine], **kwargs)
+        else:
+            optimizer = make_optimizer(net, training)
+        for p in net.parameters():  # DDP's buckets: every gradient allocated up front
+            p.grad = torch.zeros_like(p)
+        ids = torch.randint(0, model.vocab_size, (rows, training.seq_len))
+        tracker = LiveStorageTracker()
+
+        def step() -> None:
+            train_step(net, optimizer, ids, ids, knobs, spec, make_scaler(spec, "cpu"))
+            optimizer.zero_grad(set_to_none=False)  # as with DDP: gradients stay allocated
+
+        step()
+        tracker.track([*net.parameters(), *net.buffers(), ids, *(p.grad for p in net.parameters() if p.grad is not None),
+                       *optimizer_state(optimizer)])
+        with tracker:
+            tracker.reset_peak()
+            step()
+    predicted = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None,
+                                                                  "model_flops_per_step": None})
+    measured = Figures(peak_allocated_bytes=tracker.peak_bytes)
+    notes = (f"simulate: rank with the largest optimizer partition of {knobs.data_parallel}, emulated in one process "
+             "under fake tensors (gradients held as DDP's buckets, ZeRO-1 state of that rank only); no communication",)
+    return _report(plan, Mode.SIMULATE, "cpu (fake tensors)", 1, predicted, [measured], notes,
+                   TOLERANCES[(Mode.SIMULATE, "cpu")])
+
+
+def run_rank(plan: PlanResult, device: str, steps: int, profile: HardwareProfile | None = None) -> ValidationReport | None:
+    """This rank's part of a torchrun validation; returns the report on rank 0, None elsewhere."""
+    knobs, model, training = plan.best.knobs, plan.model.config, plan.training
+    world = int(os.environ["WORLD_SIZE"])
+    if world != knobs.data_parallel:
+        raise ConfigError(f"torchrun: {world} processes, but the plan is for {knobs.data_parallel} GPUs; "
+                          f"use --nproc-per-node {knobs.data_parallel} (times nodes)")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
+    rank = dist.get_rank()
+    spec = precision_spec(knobs.precision)
+    torch.manual_seed(1234 + rank)
+    with torch.device(dev):
+        net = configure_model(build_model(model, param_dtype(spec)), knobs)
+    ddp = wrap_data_parallel(net, dev)
+    optimizer = make_optimizer(ddp, training, knobs.zero_stage)
+    rows = knobs.micro_batch_size * knobs.grad_accum_steps
+    ids = torch.randint(0, model.vocab_size, (rows, training.seq_len), device=dev)
+    scaler = make_scaler(spec, dev.type)
+
+    def step() -> None:
+        train_step(ddp, optimizer, ids, ids, knobs, spec, scaler)
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        times = _cuda_times(step, steps)
+        peak = torch.cuda.max_memory_allocated(dev)
+    else:
+        times = _cpu_times(step, steps)
+        tracker = LiveStorageTracker()
+        grads = [p.grad for p in net.parameters() if p.grad is not None]
+        tracker.track([*net.parameters(), *net.buffers(), ids, *grads, *optimizer_state(optimizer)])
+        with tracker:
+            tracker.reset_peak()
+            step()
+        peak = tracker.peak_bytes
+    mine = Figures(peak_allocated_bytes=int(peak), step_time_s=statistics.median(times))
+    gathered: list[Figures | None] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    if rank != 0:
+        return None
+    est = estimate(model, training, profile, knobs, plan.hbm_cap_bytes, plan.parallel.gpus_per_node) if profile \
+        else plan.best.estimate
+    predicted = _predicted(est).model_copy(update={"model_flops_per_step": None})
+    kind = "cuda" if dev.type == "cuda" else "cpu"
+    tolerances = dict(TOLERANCES[(Mode.RUN, kind)])
+    notes: tuple[str, ...] = (f"{world} ranks over {'nccl' if kind == 'cuda' else 'gloo'}; memory: the largest "
+                              "rank; step time: the slowest rank",)
+    if kind == "cpu":
+        tolerances.pop("step_time", None)  # ranks share this machine's cores: time is reported, not judged
+        notes += ("CPU ranks share the host's cores: step time is reported, not judged",)
+    label = f"{kind} x {world} ranks" + (f": {torch.cuda.get_device_name(dev)}" if kind == "cuda" else "")
+    return _report(plan, Mode.RUN, label, steps, predicted, [f for f in gathered if f is not None], notes, tolerances)
