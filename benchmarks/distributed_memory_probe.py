@@ -196,7 +196,11 @@ def attach_boundaries(model: torch.nn.Module, phases: Phases, drop_unit: Callabl
 
 @dataclass
 class Loop:
-    """One optimizer step: validate.apply.train_step plus boundaries and optional no-sync."""
+    """One optimizer step as validate.apply.train_step runs it (micro-batches sliced from the batch,
+    each loss divided by the count, backward, then step and zero_grad), plus our boundaries and
+    optional no-sync. Used for every step here so the probe does not depend on train_step's
+    choices (it now zeroes DDP's gradients in place and uses no_sync); ``check_hooks_inert``
+    runs train_step itself."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -207,6 +211,7 @@ class Loop:
     phases: Phases | None = None
     no_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None  # (sync?) -> context
     end_of_backward: Callable[[], None] | None = None  # baseline: drop the root's gradients
+    set_to_none: bool = True  # optimizer.zero_grad(set_to_none=...)
 
     def mark(self, label: str, before: Callable[[], None] | None = None) -> None:
         if self.phases is not None:
@@ -230,7 +235,7 @@ class Loop:
         self.mark("step")
         self.optimizer.step()
         self.mark("after-step")
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self.set_to_none)
         self.mark("end")
         if self.phases is not None:
             self.phases.close()
@@ -464,7 +469,8 @@ class Result:
             compare_phases(self, candidates, True)
 
 
-def run_baseline(dtype: torch.dtype, precision: str, policy: Sequence[str], accum: int = 1) -> tuple[Phases, int]:
+def run_baseline(dtype: torch.dtype, precision: str, policy: Sequence[str], accum: int = 1,
+                 set_to_none: bool = True) -> tuple[Phases, int]:
     """The single-GPU step with the same dtypes (the planner's existing walk), fake tensors.
 
     ``policy[m]`` says what micro-batch m does with gradients, to mirror the distributed run:
@@ -503,7 +509,7 @@ def run_baseline(dtype: torch.dtype, precision: str, policy: Sequence[str], accu
             for p in model.parameters():
                 p.register_post_accumulate_grad_hook(on_accumulated)
             del current
-            loop = Loop(model, optimizer, ids, tgt, accum, precision)
+            loop = Loop(model, optimizer, ids, tgt, accum, precision, set_to_none=set_to_none)
             loop.step()  # step 1: optimizer state appears
             attach_boundaries(model, phases, drop_unit)
             loop.phases, loop.end_of_backward = phases, drop_root
@@ -621,11 +627,7 @@ def _run_fsdp(setup: FsdpSetup, events: bool, mesh: object) -> Result:
 
             loop = Loop(model, optimizer, ids, tgt, setup.accum, "fp32",
                         no_sync=no_sync if setup.no_sync else None)
-            if setup.accum == 1 and not setup.no_sync:  # the project's loop, unchanged, for step 1
-                train_step(model, optimizer, ids[:MICRO], tgt[:MICRO], Knobs(micro_batch_size=MICRO, precision="fp32"),
-                           precision_spec("fp32"))
-            else:
-                loop.step()
+            loop.step()  # step 1: the optimizer state appears
             with fsdp_event_log(tracker, log) if events else contextlib.nullcontext():
                 phases = measure(loop, tracker, model)
             parts = {
@@ -800,6 +802,7 @@ class DdpSetup:
     bucket_view: bool = True
     accum: int = 1
     no_sync: bool = False
+    set_to_none: bool = True  # False: what validate.apply.train_step does for DDP
 
 
 def run_ddp(setup: DdpSetup) -> tuple[Result, list[int]]:
@@ -823,12 +826,8 @@ def run_ddp(setup: DdpSetup) -> tuple[Result, list[int]]:
                 return contextlib.nullcontext() if sync else ddp.no_sync()
 
             loop = Loop(ddp, optimizer, ids, tgt, setup.accum, precision,
-                        no_sync=no_sync if setup.no_sync else None)
-            if setup.accum == 1:  # the project's loop, unchanged, for step 1
-                train_step(ddp, optimizer, ids[:MICRO], tgt[:MICRO], Knobs(micro_batch_size=MICRO, precision=precision),
-                           precision_spec(precision))
-            else:
-                loop.step()
+                        no_sync=no_sync if setup.no_sync else None, set_to_none=setup.set_to_none)
+            loop.step()  # step 1: the optimizer state appears; DDP rebuilds its buckets in step 2
             phases = measure(loop, tracker, model)
             opt_state = optimizer.optim.state if setup.stage == 1 else optimizer.state
             parts = {
@@ -867,6 +866,12 @@ def predict_ddp(setup: DdpSetup, base: Phases, base_static: int, res: Result) ->
     separate tensor); DDP's buckets are static. The optimizer step is added from closed forms.
     """
     static, buckets, local = ddp_static(setup)
+    grads = 0
+    if not setup.bucket_view:  # param.grad are separate tensors until zero_grad
+        with FakeTensorMode():
+            grads = sum(r(p.numel() * 4) for p in build_model(CONFIG).parameters())
+    if not setup.set_to_none:  # zeroed in place: they stay, and are static
+        static["separate grads"], grads = grads, 0
     s = sum(static.values())
     res.static_predicted = s
     out = []
@@ -874,10 +879,11 @@ def predict_ddp(setup: DdpSetup, base: Phases, base_static: int, res: Result) ->
         if label.split(":")[1] in ("step", "after-step", "end"):
             continue
         out.append(Candidate(s + peak - base_static, label, "walk", {"static": s, "walk": peak - base_static}))
-    grads = 0
-    if not setup.bucket_view:  # param.grad are separate tensors until zero_grad
-        with FakeTensorMode():
-            grads = sum(r(p.numel() * 4) for p in build_model(CONFIG).parameters())
+    if setup.bucket_view and not setup.set_to_none:
+        # step 2 rebuilds the buckets before the forward: the gradients still view the old
+        # buckets until each is copied into its new bucket, so both sets coexist
+        out.append(Candidate(s + sum(r(b) for b in buckets), "0:start", "bucket rebuild",
+                             {"static": s, "old buckets": sum(r(b) for b in buckets)}))
     temp = adam_foreach_temp([numel(sh) for sh in local], 4)
     out.append(Candidate(s + grads + temp, "0:step", "optimizer step",
                          {"static": s, "grads": grads, "adam temporaries": temp}))
@@ -1015,10 +1021,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     baselines: dict[tuple, tuple[Phases, int]] = {}
 
-    def baseline(dtype: torch.dtype, precision: str, policy: tuple[str, ...], accum: int = 1) -> tuple[Phases, int]:
-        key = (CONFIG.name, dtype, precision, policy, accum)
+    def baseline(dtype: torch.dtype, precision: str, policy: tuple[str, ...], accum: int = 1,
+                 set_to_none: bool = True) -> tuple[Phases, int]:
+        key = (CONFIG.name, dtype, precision, policy, accum, set_to_none)
         if key not in baselines:
-            baselines[key] = run_baseline(dtype, precision, policy, accum)
+            baselines[key] = run_baseline(dtype, precision, policy, accum, set_to_none)
         return baselines[key]
 
     results: list[Result] = []
@@ -1063,6 +1070,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         res, _ = run_ddp(setup)
         res.notes = " views=False"
         res.judge(predict_ddp(setup, *baseline(torch.float32, "fp32", ("keep",)), res))
+        extras.append(res)
+        for views in (True, False):  # validate.apply.train_step's choice for DDP: zero in place
+            setup = DdpSetup(8, 0, False, bucket_view=views, set_to_none=False)
+            res, _ = run_ddp(setup)
+            res.notes = f" views={views} keep"
+            res.judge(predict_ddp(setup, *baseline(torch.float32, "fp32", ("keep",), set_to_none=False), res))
+            extras.append(res)
+        setup = DdpSetup(8, 0, False, accum=2, no_sync=True, set_to_none=False)
+        res, _ = run_ddp(setup)
+        res.notes = " acc2 nosync keep"
+        res.judge(predict_ddp(setup, *baseline(torch.float32, "fp32", ("keep", "keep"), 2, False), res))
         extras.append(res)
         for no_sync in (False, True):
             setup = DdpSetup(8, 0, False, accum=2, no_sync=no_sync)

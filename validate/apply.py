@@ -105,14 +105,18 @@ def train_step(
     knobs: Knobs,
     spec: PrecisionSpec,
     scaler: torch.amp.GradScaler | None = None,
+    keep_grads: bool | None = None,
 ) -> None:
-    """One optimizer step over ``grad_accum_steps`` micro-batches sliced from the batch."""
+    """One optimizer step over ``grad_accum_steps`` micro-batches sliced from the batch.
+
+    ``keep_grads`` zeroes the gradients in place instead of freeing them (default: under DDP)."""
     b = knobs.micro_batch_size
     device_type = input_ids.device.type
     ddp = hasattr(model, "no_sync")
     for micro in range(knobs.grad_accum_steps):
         rows = slice(micro * b, (micro + 1) * b)
-        sync = contextlib.nullcontext() if not ddp or micro == knobs.grad_accum_steps - 1 else model.no_sync()
+        last = not ddp or micro == knobs.grad_accum_steps - 1
+        sync = contextlib.nullcontext() if last else model.no_sync()  # type: ignore[operator]
         with sync:
             with precision_context(spec, device_type):
                 loss = model(input_ids[rows], targets[rows]) / knobs.grad_accum_steps
@@ -126,4 +130,4 @@ def train_step(
         scaler.update()
     else:
         optimizer.step()
-    optimizer.zero_grad(set_to_none=not ddp)
+    optimizer.zero_grad(set_to_none=not (ddp if keep_grads is None else keep_grads))

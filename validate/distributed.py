@@ -84,9 +84,8 @@ def simulate_rank(plan: PlanResult) -> ValidationReport:
         ids = torch.randint(0, model.vocab_size, (rows, training.seq_len))
         tracker = LiveStorageTracker()
 
-        def step() -> None:
-            train_step(net, optimizer, ids, ids, knobs, spec, make_scaler(spec, "cpu"))
-            optimizer.zero_grad(set_to_none=False)  # as with DDP: gradients stay allocated
+        def step() -> None:  # as with DDP's bucket views: the gradients stay allocated, zeroed in place
+            train_step(net, optimizer, ids, ids, knobs, spec, make_scaler(spec, "cpu"), keep_grads=True)
 
         step()
         tracker.track([*net.parameters(), *net.buffers(), ids, *(p.grad for p in net.parameters() if p.grad is not None),

@@ -96,5 +96,7 @@ def test_cli_flags_and_plan_file(tmp_path, capsys: pytest.CaptureFixture[str]) -
     assert "--gpus" in capsys.readouterr().err
     from validate.cli import main as validate_main
 
-    assert validate_main([str(out), "--mode", "simulate"]) == 2
-    assert "GPUs" in capsys.readouterr().err
+    assert validate_main([str(out), "--mode", "simulate"]) == 0  # one rank emulated in this process
+    assert "PASS" in capsys.readouterr().out
+    assert validate_main([str(out), "--mode", "run", "--device", "cpu"]) == 2  # needs torchrun
+    assert "torchrun --nproc-per-node 4" in capsys.readouterr().err
