@@ -41,27 +41,24 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
-from torch.distributed.fsdp._fully_shard import _fsdp_param_group  # noqa: E402
-from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass  # noqa: E402
-
-from planner.config import ModelConfig, TrainConfig  # noqa: E402
-from planner.precision import precision_spec  # noqa: E402
-from validate.apply import make_optimizer, precision_context, train_step  # noqa: E402
-from validate.reference_model import build_model  # noqa: E402
-from validate.tracker import LiveStorageTracker, rounded_bytes  # noqa: E402
-from planner.knobs import Knobs  # noqa: E402
+from planner.config import ModelConfig, TrainConfig
+from planner.knobs import Knobs
+from planner.precision import precision_spec
+from validate.apply import make_optimizer, precision_context, train_step
+from validate.reference_model import build_model
+from validate.tracker import LiveStorageTracker, rounded_bytes
 
 CONFIG = ModelConfig(family="llama", name="probe-llama", n_layers=4, d_model=256, n_heads=4, n_kv_heads=2,
                      d_ff=688, vocab_size=4096, max_seq_len=256)
@@ -153,8 +150,7 @@ class Phases:
         return next(row[1] for row in self.rows if row[0] == label)
 
 
-def attach_boundaries(model: torch.nn.Module, phases: Phases, drop_unit: Callable[[int | str], None] | None = None,
-                      ) -> None:
+def attach_boundaries(model: torch.nn.Module, phases: Phases, drop_unit: Callable[[int], None] | None = None) -> None:
     """Forward/backward boundaries of the reference model (blocks are the FSDP units).
 
     Backward boundaries are tensor hooks: the gradient of block u's output is ready when block
@@ -181,7 +177,7 @@ def attach_boundaries(model: torch.nn.Module, phases: Phases, drop_unit: Callabl
 
     def block_post(index: int) -> Callable:
         def post(_module: torch.nn.Module, _args: tuple, out: torch.Tensor) -> None:
-            phases.start(f"fwd:head" if index == n - 1 else f"fwd:gap{index}")
+            phases.start("fwd:head" if index == n - 1 else f"fwd:gap{index}")
             if torch.is_grad_enabled():
                 out.register_hook(on_grad(f"bwd:block{index}", index + 1 if index + 1 < n else None))
         return post
@@ -360,12 +356,14 @@ class FsdpUnit:
         return sum(r(numel(s) * self.compute) for s in self.shapes)
 
     def rs_out_extra(self, grad_itemsize: int) -> int:
-        """Live change when the RS output is allocated, relative to the RS input's moment:
-        gradients freed (``unsharded_grads.clear()``), except, for N > 1, the unit's last one, still
-        bound to the loop variable of foreach_reduce's shard-dim check; plus the output."""
+        """Live change at the RS output's peak, relative to the RS input's moment: gradients freed
+        (``unsharded_grads.clear()``), except, for N > 1, the unit's last one, still bound to the
+        loop variable of foreach_reduce's shard-dim check; plus the output, and its cast to the
+        parameter dtype when reduce_dtype differs (both alive until foreach_reduce returns)."""
         grads = [r(numel(s) * grad_itemsize) for s in self.shapes]
         kept = grads[-1] if self.n > 1 else 0
-        return -sum(grads) + kept + self.rs_out
+        cast = r(self.padded * self.orig) if self.reduce != self.orig else 0
+        return -sum(grads) + kept + r(self.padded * self.reduce) + cast
 
     @property
     def acc_grads(self) -> int:  # no-sync accumulation with param_dtype: fp32 copies of them
@@ -435,7 +433,7 @@ def process_group(n: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def fake_allreduce_hook(_state, bucket):  # noqa: ANN001, ANN201 (DDP checks the annotations)
+def fake_allreduce_hook(_state, bucket):
     """The fake PG's work has no future value, which DDP's built-in all-reduce rejects; return the
     bucket itself, as NCCL's in-place all-reduce does (same memory)."""
     fut = torch.futures.Future()
@@ -461,8 +459,9 @@ class Result:
     phase_count: int = 0
     phase_bad: int = 0
     phase_exact: int = 0
+    init: tuple[int, int] = (0, 0)  # FSDP2: live bytes after fully_shard, peak while sharding
 
-    def judge(self, candidates: list["Candidate"], show: bool = False) -> None:
+    def judge(self, candidates: list[Candidate], show: bool = False) -> None:
         self.phase_count, self.phase_bad, self.phase_exact = compare_phases(self, candidates, show)
         if self.phase_bad and not show:  # print the phases to see which rule broke
             print(f"  {self.label}{self.notes} N={self.n}: {self.phase_bad} phase(s) off:")
@@ -487,13 +486,12 @@ def run_baseline(dtype: torch.dtype, precision: str, policy: Sequence[str], accu
             optimizer = make_optimizer(model, TrainConfig(seq_len=SEQ, global_batch_size=MICRO * accum))
             ids, tgt = make_batch(accum)
             phases = Phases(tracker)
-            current = {"micro": 0}
 
             def drop_params(params: Iterator[torch.nn.Parameter]) -> None:
                 for p in params:
                     p.grad = None
 
-            def drop_unit(u: int | str) -> None:
+            def drop_unit(u: int) -> None:
                 if policy[phases.micro] == "unit":
                     drop_params(model.blocks[u].parameters())
 
@@ -508,7 +506,6 @@ def run_baseline(dtype: torch.dtype, precision: str, policy: Sequence[str], accu
 
             for p in model.parameters():
                 p.register_post_accumulate_grad_hook(on_accumulated)
-            del current
             loop = Loop(model, optimizer, ids, tgt, accum, precision, set_to_none=set_to_none)
             loop.step()  # step 1: optimizer state appears
             attach_boundaries(model, phases, drop_unit)
@@ -538,10 +535,11 @@ class FsdpSetup:
     n: int
     reshard: bool  # reshard_after_forward of the blocks
     mp: bool
-    root_reshard: bool | None = None  # None: same as the blocks; "auto" -> pass None to fully_shard
-    root_auto: bool = False
+    root_auto: bool = False  # pass reshard_after_forward=None for the root (fully_shard's default)
     accum: int = 1
     no_sync: bool = False
+    autocast: bool = False  # fp32 params, no MixedPrecisionPolicy, forward under bf16 autocast
+    reduce_bf16: bool = False  # MixedPrecisionPolicy(reduce_dtype=bfloat16)
 
     @property
     def stage(self) -> int:
@@ -558,7 +556,8 @@ def build_fsdp(setup: FsdpSetup, mesh: object) -> tuple[torch.nn.Module, torch.o
     model.train()
     kw = {}
     if setup.mp:
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        reduce = torch.bfloat16 if setup.reduce_bf16 else torch.float32
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=setup.reshard, **kw)
     fully_shard(model, mesh=mesh, reshard_after_forward=None if setup.root_auto else setup.reshard, **kw)
@@ -614,39 +613,40 @@ def run_fsdp(setup: FsdpSetup, events: bool = False, fake: bool = True) -> Resul
 
 
 def _run_fsdp(setup: FsdpSetup, events: bool, mesh: object) -> Result:
-    if True:
-        tracker = ShardAwareTracker()
-        log: list[tuple] = []
-        with tracker:
-            model, optimizer = build_fsdp(setup, mesh)
-            ids, tgt = make_batch(setup.accum)
+    tracker = ShardAwareTracker()
+    log: list[tuple] = []
+    with tracker:
+        model, optimizer = build_fsdp(setup, mesh)
+        init = (tracker.live_bytes, tracker.peak_bytes)
+        ids, tgt = make_batch(setup.accum)
 
-            def no_sync(sync: bool) -> contextlib.AbstractContextManager:
-                model.set_requires_gradient_sync(sync)
-                return contextlib.nullcontext()
+        def no_sync(sync: bool) -> contextlib.AbstractContextManager:
+            model.set_requires_gradient_sync(sync)
+            return contextlib.nullcontext()
 
-            loop = Loop(model, optimizer, ids, tgt, setup.accum, "fp32",
-                        no_sync=no_sync if setup.no_sync else None)
-            loop.step()  # step 1: the optimizer state appears
-            with fsdp_event_log(tracker, log) if events else contextlib.nullcontext():
-                phases = measure(loop, tracker, model)
-            parts = {
-                "params": storage_bytes(p for p in model.parameters()),
-                "optimizer": storage_bytes(t for st in optimizer.state.values() for t in st.values()),
-                "batch": storage_bytes(iter((ids, tgt))),
-            }
+        loop = Loop(model, optimizer, ids, tgt, setup.accum, "bf16-mixed" if setup.autocast else "fp32",
+                    no_sync=no_sync if setup.no_sync else None)
+        loop.step()  # step 1: the optimizer state appears
+        with fsdp_event_log(tracker, log) if events else contextlib.nullcontext():
+            phases = measure(loop, tracker, model)
+        parts = {
+            "params": storage_bytes(p for p in model.parameters()),
+            "optimizer": storage_bytes(t for st in optimizer.state.values() for t in st.values()),
+            "batch": storage_bytes(iter((ids, tgt))),
+        }
     prec = "bf16" if setup.mp else "fp32"
     res = Result(f"fsdp s{setup.stage} {prec}", setup.n, setup.stage, prec, phases.live_of("0:start"),
                  phases.global_peak, phases=phases, events=log)
     res.parts = {f"measured {k}": v for k, v in parts.items()}
+    res.init = init
     return res
 
 
 def fsdp_units(setup: FsdpSetup) -> dict[str, FsdpUnit]:
     with FakeTensorMode():
         shapes = unit_shapes(build_model(CONFIG))
-    compute = 2 if setup.mp else 4
-    return {name: FsdpUnit(name, s, setup.n, RANK, 4, compute, 4) for name, s in shapes.items()}
+    compute, reduce = (2 if setup.mp else 4), (2 if setup.reduce_bf16 else 4)
+    return {name: FsdpUnit(name, s, setup.n, RANK, 4, compute, reduce) for name, s in shapes.items()}
 
 
 def fsdp_static(setup: FsdpSetup) -> dict[str, int]:
@@ -783,7 +783,8 @@ def predict_fsdp(setup: FsdpSetup, base: Phases, base_static: int, res: Result) 
             state["fp32 acc grads"] += root.acc_grads
     # ---- optimizer step over the local shards
     local = [fsdp_local_numel(sh, setup.n, RANK) for u in units.values() for sh in u.shapes]
-    out.append(Candidate(s + state["sharded grads"] + adam_foreach_temp(local, 4), "0:step", "optimizer step",
+    step = f"{setup.accum - 1}:step"
+    out.append(Candidate(s + state["sharded grads"] + adam_foreach_temp(local, 4), step, "optimizer step",
                          {"static": s, "sharded grads": state["sharded grads"],
                           "adam temporaries": adam_foreach_temp(local, 4)}))
     best = max(out, key=lambda c: c.total)
@@ -879,13 +880,23 @@ def predict_ddp(setup: DdpSetup, base: Phases, base_static: int, res: Result) ->
         if label.split(":")[1] in ("step", "after-step", "end"):
             continue
         out.append(Candidate(s + peak - base_static, label, "walk", {"static": s, "walk": peak - base_static}))
-    if setup.bucket_view and not setup.set_to_none:
+    # DDP rebuilds its buckets in the first forward after the first synchronized backward: here
+    # step 2 unless step 1 already had a synchronized micro-batch before its last one
+    rebuild = setup.accum == 1 or setup.no_sync
+    with FakeTensorMode():
+        n_tensors = len(list(build_model(CONFIG).parameters()))
+    # reducer.cpp sync_bucket_indices: four small int tensors broadcast the new assignment,
+    # freed before the new buckets are allocated
+    index = 2 * r(4 * (n_tensors + 1)) + 2 * r(4 * (len(buckets) + 1))
+    if rebuild:
+        out.append(Candidate(s + index, "0:start", "bucket-index broadcast", {"static": s, "index tensors": index}))
+    if rebuild and setup.bucket_view and not setup.set_to_none:
         # step 2 rebuilds the buckets before the forward: the gradients still view the old
         # buckets until each is copied into its new bucket, so both sets coexist
         out.append(Candidate(s + sum(r(b) for b in buckets), "0:start", "bucket rebuild",
                              {"static": s, "old buckets": sum(r(b) for b in buckets)}))
     temp = adam_foreach_temp([numel(sh) for sh in local], 4)
-    out.append(Candidate(s + grads + temp, "0:step", "optimizer step",
+    out.append(Candidate(s + grads + temp, f"{setup.accum - 1}:step", "optimizer step",
                          {"static": s, "grads": grads, "adam temporaries": temp}))
     best = max(out, key=lambda c: c.total)
     res.peak_predicted, res.peak_where = best.total, f"{best.phase} {best.what}"
@@ -1059,6 +1070,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if n == 8:
                     failures += check_fsdp_events(setup, res)
                     print_static_parts(res, fsdp_static(setup))
+                    units = fsdp_units(setup)
+                    full = sum(r(numel(sh) * 4) for u in units.values() for sh in u.shapes)
+                    after, peak = sum(u.sharded_params for u in units.values()), full + units["blocks.0"].sharded_params
+                    ok = res.init == (after, peak)
+                    failures += not ok
+                    print(f"    init (model built unsharded, then fully_shard): live after {res.init[0]} "
+                          f"(predicted {after}), peak {res.init[1]} (predicted {peak}) {'ok' if ok else 'MISMATCH'}")
     print()
     print("Per-rank bytes of one steady-state step (rank 0), measured vs predicted:")
     print_table(results)
@@ -1097,6 +1115,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             res.notes = " acc2" + (" nosync" if no_sync else "")
             res.judge(predict_fsdp(setup, *baseline(torch.bfloat16 if mp else torch.float32, "fp32", policy, 2), res))
             extras.append(res)
+        setup = FsdpSetup(8, True, True, reduce_bf16=True)
+        res = run_fsdp(setup)
+        res.notes = " reduce bf16"
+        res.judge(predict_fsdp(setup, *baseline(torch.bfloat16, "fp32", ("unit",)), res))
+        extras.append(res)
+        setup = FsdpSetup(8, True, False, autocast=True)
+        res = run_fsdp(setup)
+        res.notes = " autocast"
+        res.judge(predict_fsdp(setup, *baseline(torch.float32, "bf16-mixed", ("unit",)), res))
+        extras.append(res)
         setup = FsdpSetup(8, True, True, root_auto=True)
         res = run_fsdp(setup)
         res.notes = " root=None"
