@@ -1,22 +1,26 @@
 """Per-rank memory of data parallelism as PyTorch implements it, measured op by op on one CPU.
 
-    python benchmarks/distributed_memory_probe.py            # the full sweep (about 2-3 minutes)
-    python benchmarks/distributed_memory_probe.py --quick    # N = 8 only, no extras
+    python benchmarks/distributed_memory_probe.py            # everything (about 1.5-2.5 minutes)
+    python benchmarks/distributed_memory_probe.py --quick    # N = 8 only, no extras (about 20 s)
 
 Backs every number in docs/distributed_memory.md. For world sizes 1, 2, 8, 64 and ZeRO stages
 0-3 as PyTorch runs them on a small Llama (4 blocks, d_model 256, d_ff 688, vocab 4096, seq 256,
 micro-batch 4), in fp32 and in bf16 mixed precision, it measures rank 0 of a fake process group
 (``init_process_group("fake")``: every collective is a no-op, every allocation is real):
 
-- stage 0: ``DistributedDataParallel(gradient_as_bucket_view=True)`` (+ one row with ``False``);
+- stage 0: ``DistributedDataParallel(gradient_as_bucket_view=True)``;
 - stage 1: DDP + ``ZeroRedundancyOptimizer(optimizer_class=AdamW)``;
 - stage 2 / 3: FSDP2 ``fully_shard`` on every block, then on the root, ``reshard_after_forward``
   False / True, without and with ``MixedPrecisionPolicy(bf16 params, fp32 reduce)``;
 
 one steady-state step (the second: optimizer state exists, ``zero_grad(set_to_none=True)``),
-counted by ``validate.tracker.LiveStorageTracker`` (made DTensor-aware here, see
-``ShardAwareTracker``). "bf16" means autocast (the project's ``bf16-mixed``) for stages 0/1 and
-FSDP2's ``MixedPrecisionPolicy`` (no autocast) for stages 2/3.
+counted by ``validate.tracker.LiveStorageTracker`` made DTensor-aware (``ShardAwareTracker``).
+"bf16" means autocast (the project's ``bf16-mixed``) for stages 0/1 and FSDP2's
+``MixedPrecisionPolicy`` (no autocast) for stages 2/3. Extras at N = 8: DDP without bucket views
+and with ``zero_grad(set_to_none=False)`` (what ``validate.apply.train_step`` does for DDP),
+accumulation over 2 micro-batches with and without no-sync, FSDP2 with ``reduce_dtype=bf16``,
+with autocast instead of a policy, with the root left to ``fully_shard``'s default, and a
+vocabulary of 512 (the peak moves into the blocks); fake vs real tensors; hooks vs no hooks.
 
 Every measured number is printed beside a prediction. Static bytes come from closed forms (the
 functions in "Closed forms" below, the formulas of docs/distributed_memory.md). The peak is
@@ -24,10 +28,11 @@ predicted the way a planner does it: the single-GPU memory walk of the same step
 not modelled: a plain model run with the same dtypes, its live bytes recorded at module
 boundaries) minus its static bytes, plus the distributed run's static bytes and, boundary by
 boundary, the buffers the rules of the spec say are alive (``predict_fsdp``, ``predict_ddp``).
-A mismatch means a rule is wrong.
+Each phase between two boundaries is compared, not only the peak; a mismatch names the rule.
+Exit status 1 if a per-call check fails or a peak is off by 5% or more.
 
-FSDP2 runs under ``FakeTensorMode`` (same bytes as real tensors, checked once below); DDP's C++
-reducer needs real data, so stages 0/1 run on real tensors.
+FSDP2 runs under ``FakeTensorMode`` (same bytes as real tensors, checked once); DDP's C++ reducer
+needs real data, so stages 0/1 run on real tensors.
 """
 
 from __future__ import annotations
@@ -460,6 +465,7 @@ class Result:
     phase_bad: int = 0
     phase_exact: int = 0
     init: tuple[int, int] = (0, 0)  # FSDP2: live bytes after fully_shard, peak while sharding
+    static_parts: dict[str, int] = field(default_factory=dict)  # predicted static bytes by kind
 
     def judge(self, candidates: list[Candidate], show: bool = False) -> None:
         self.phase_count, self.phase_bad, self.phase_exact = compare_phases(self, candidates, show)
@@ -682,7 +688,7 @@ def predict_fsdp(setup: FsdpSetup, base: Phases, base_static: int, res: Result) 
     last_block = len(blocks) - 1
     static = fsdp_static(setup)
     s = sum(static.values())
-    res.static_predicted = s
+    res.static_predicted, res.static_parts = s, static
     s3, s3_root, mp_nosync = setup.reshard, setup.root_reshards, setup.no_sync and setup.mp
     out: list[Candidate] = []
     state = {"sharded grads": 0, "fp32 acc grads": 0}  # persistent across phases
@@ -874,7 +880,7 @@ def predict_ddp(setup: DdpSetup, base: Phases, base_static: int, res: Result) ->
     if not setup.set_to_none:  # zeroed in place: they stay, and are static
         static["separate grads"], grads = grads, 0
     s = sum(static.values())
-    res.static_predicted = s
+    res.static_predicted, res.static_parts = s, static
     out = []
     for label, _start, peak in base.rows:
         if label.split(":")[1] in ("step", "after-step", "end"):
@@ -936,20 +942,30 @@ def mb(x: int) -> str:
 
 
 def pct(pred: int, meas: int) -> str:
-    return f"{(pred - meas) / meas:+.2%}" if meas else "-"
+    return f"{(pred - meas) / meas:+.1%}" if meas else "-"
 
 
 def print_table(results: list[Result]) -> None:
-    print(f"{'config':<22}{'N':>4} | {'static meas':>11} {'pred':>9} {'err':>7} | {'peak meas':>9} {'pred':>9} "
-          f"{'err':>7} | {'exact':>6} | predicted peak at / breakdown (MB)")
+    """One row per run; the breakdown is the prediction at the predicted peak (MB): params (as the
+    rank holds them), optimizer state, gradients that persist (DDP's buckets, separate grads,
+    FSDP2's sharded or accumulated grads), data-parallel buffers alive then (gathered params,
+    all-gather and reduce-scatter buffers), and the walk (activations, logits, transients and
+    the gradients the single-GPU walk holds then); + the batch = the peak."""
+    print(f"{'config':<28}{'N':>3} | {'static':>8} {'pred':>8} {'err':>6} | {'peak':>8} {'pred':>8} {'err':>6} | "
+          f"{'exact':>5} | {'params':>6} {'optim':>6} {'grads':>6} {'buffers':>7} {'walk':>7} | predicted peak at")
+    grad_keys = ("buckets", "separate grads", "sharded grads", "fp32 acc grads", "grads")
     for res in results:
-        keep = {k: v for k, v in res.parts.items() if not k.startswith("measured") and k != "static" and v}
-        breakdown = ", ".join(f"{k} {v / 1e6:.3f}" for k, v in keep.items())
-        print(f"{res.label + res.notes:<22}{res.n:>4} | {mb(res.static_measured):>11} {mb(res.static_predicted):>9} "
-              f"{pct(res.static_predicted, res.static_measured):>7} | {mb(res.peak_measured):>9} "
-              f"{mb(res.peak_predicted):>9} {pct(res.peak_predicted, res.peak_measured):>7} | "
-              f"{res.phase_exact:>2}/{res.phase_count:<3} | {res.peak_where}: "
-              f"{breakdown}")
+        st, parts = res.static_parts, res.parts
+        grads = sum(st.get(k, 0) for k in grad_keys) + sum(parts.get(k, 0) for k in grad_keys)
+        skip = {"static", "walk", *grad_keys}
+        buffers = sum(v for k, v in parts.items() if k not in skip and not k.startswith("measured"))
+        cells = [st.get("params", 0), st.get("optimizer", 0), grads, buffers, parts.get("walk", 0)]
+        print(f"{res.label + res.notes:<28}{res.n:>3} | {res.static_measured / 1e6:8.3f} "
+              f"{res.static_predicted / 1e6:8.3f} {pct(res.static_predicted, res.static_measured):>6} | "
+              f"{res.peak_measured / 1e6:8.3f} {res.peak_predicted / 1e6:8.3f} "
+              f"{pct(res.peak_predicted, res.peak_measured):>6} | {res.phase_exact:>2}/{res.phase_count:<2} | "
+              + " ".join(f"{c / 1e6:{w}.3f}" for c, w in zip(cells, (6, 6, 6, 7, 7), strict=True))
+              + f" | {res.peak_where}")
 
 
 def print_static_parts(res: Result, predicted: dict[str, int]) -> None:
@@ -1136,7 +1152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 res = run_fsdp(setup)
                 res.notes = " v512"
                 res.judge(predict_fsdp(setup, *baseline(torch.bfloat16 if mp else torch.float32, "fp32", ("unit",)),
-                                       res), show=reshard and mp)
+                                       res), show=reshard and not mp)
                 extras.append(res)
             setup = DdpSetup(8, 1, False)
             res, _ = run_ddp(setup)

@@ -7,7 +7,9 @@ produces, with its size rounded up to the CUDA caching allocator's 512-byte bloc
 maximum is what ``torch.cuda.max_memory_allocated()`` would read for the same code.
 
 Storages that exist before the tracker starts (parameters, buffers) are added with ``track``.
-FSDP2 allocates and frees its unsharded buffers with ``UntypedStorage.resize_``, which bypasses
+A wrapper subclass (DTensor: FSDP2's sharded parameters, gradients and Adam moments) is counted
+through its inner tensors. FSDP2 allocates and frees its unsharded buffers with
+``UntypedStorage.resize_``, which bypasses
 dispatch modes: while the tracker is active, ``resize_`` is wrapped so a tracked storage's size
 follows it (and a storage first seen at size 0 is tracked when it grows).
 """
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 CUDA_BLOCK_BYTES = 512
@@ -65,6 +67,15 @@ class LiveStorageTracker(TorchDispatchMode):
         self.trace.clear()
 
     def _add(self, tensor: torch.Tensor) -> None:
+        if is_traceable_wrapper_subclass(tensor):
+            # a DTensor's own storage reports the global size and holds nothing; the memory is
+            # its local shard (ops on it run inside the subclass's handler, unseen by this mode)
+            attrs, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+            for attr in attrs:
+                inner = getattr(tensor, attr)
+                if isinstance(inner, torch.Tensor):
+                    self._add(inner)
+            return
         storage = tensor.untyped_storage()
         key = id(storage)
         if key in self._live:
