@@ -13,7 +13,7 @@ so one Llama-7B micro-batch walks in a few milliseconds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from planner.graph import LOGITS_NODES, LayerGraph
 from planner.memory_types import CATEGORIES, Category, PeakPoint, Phase, TraceEvent
@@ -124,13 +124,34 @@ class Prepared:
         self.full_pending = [len(self.consumers[t]) + len(self.frame_users[t]) for t in range(n)]
 
 
-class Walk:
-    """One micro-batch: forward, then backward with recomputation, for a checkpoint placement."""
+class WalkHooks:
+    """Where a data-parallel engine adds its own buffers to the walk (FSDP2: ``planner.fsdp``).
+    Every method may add to ``walk.live`` and observe; the defaults do nothing."""
 
-    def __init__(self, prep: Prepared, units: dict[int, int], live: Live, grads_exist: bool) -> None:
+    def forward_start(self, walk: Walk) -> None: ...
+    def before_forward(self, walk: Walk, op: int) -> None: ...
+    def after_forward(self, walk: Walk, op: int) -> None: ...
+    def forward_end(self, walk: Walk) -> None: ...
+    def backward_start(self, walk: Walk) -> None: ...
+    def before_backward(self, walk: Walk, op: int) -> None: ...
+    def after_backward(self, walk: Walk, op: int) -> None: ...
+    def backward_end(self, walk: Walk) -> None: ...
+
+
+class Walk:
+    """One micro-batch: forward, then backward with recomputation, for a checkpoint placement.
+
+    ``unit_grads``: parameter gradients are allocated afresh every micro-batch and freed by the
+    hooks (FSDP2 reduce-scatters and drops a unit's gradients at its post-backward)."""
+
+    def __init__(self, prep: Prepared, units: dict[int, int], live: Live, grads_exist: bool,
+                 hooks: WalkHooks | None = None, unit_grads: bool = False) -> None:
         self.p = prep
         self.live = live
-        self.grads_exist = grads_exist
+        self.grads_exist = grads_exist and not unit_grads
+        self.hooks = hooks or WalkHooks()
+        self.unit_grads = unit_grads
+        self.grad_bytes: dict[str, int] = {}  # parameter gradients this walk allocated
         n = prep.n
         self.unit = [units.get(b) if b is not None else None for b in prep.block]
         self.alive = [False] * n  # output tensor allocated
@@ -182,7 +203,9 @@ class Walk:
                 for i in members
             }
         recompute = phase is Phase.RECOMPUTE
+        hooks = self.hooks if phase is Phase.FORWARD else WalkHooks()
         for i in members:
+            hooks.before_forward(self, i)
             cat = p.category[i]
             live.add(cat, p.out_bytes[i])
             self.alive[i] = True
@@ -209,10 +232,13 @@ class Walk:
                         self._free_tensor(t)
             if pending[i] == 0 and self.holds[i] == 0 and i != last:
                 self._free_tensor(i)
+            hooks.after_forward(self, i)
 
     def forward(self) -> tuple[int, int]:
         p = self.p
+        self.hooks.forward_start(self)
         self._run_forward(list(range(p.n)), Phase.FORWARD, None)
+        self.hooks.forward_end(self)
         # autocast exits: the cached weight copies of checkpointed ops are released
         for i, alive in enumerate(self.copies_alive):
             if alive and self.unit[i] is not None:
@@ -270,13 +296,21 @@ class Walk:
             else:
                 self.param_grads_seen.add(name)
                 self.live.add(_GRADS, n_bytes)
+                self.grad_bytes[name] = n_bytes
         return momentary
+
+    def release_grads(self, names: Iterable[str]) -> None:
+        """Free parameter gradients this walk allocated (a unit's, after its reduce-scatter)."""
+        for name in names:
+            self.live.add(_GRADS, -self.grad_bytes.pop(name, 0))
 
     def backward(self) -> None:
         p, live = self.p, self.live
         n = p.n
         self.grad_buffer[n - 1] = self._new_buffer(512, _LOGITS)  # d loss / d loss
+        self.hooks.backward_start(self)
         for i in range(n - 1, -1, -1):
+            self.hooks.before_backward(self, i)
             u = self.unit[i]
             if u is not None and self.unit_members[u][-1] == i:
                 self._recompute(u)
@@ -319,6 +353,8 @@ class Walk:
                 live.add(_TEMPORARIES, -p.copies[i])
             if cast_later:
                 live.observe(Phase.BACKWARD, p.names[i], p.copies[i] + self._param_grads(i))
+            self.hooks.after_backward(self, i)
+        self.hooks.backward_end(self)
         self._free_tensor(n - 1)
         for key in list(self.buffers):
             self._drop_buffer(key)
