@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hardware.dtypes import DType
 from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
 from planner.cache import IdentityCache
@@ -24,9 +25,10 @@ from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
 from planner.optimizer import optimizer_spec
 from planner.ops.base import ParamTensor
+from planner.fsdp import FsdpLayout, fsdp_communication, fsdp_layout, fsdp_static, shard_fraction
 from planner.parallel import Communication, ParallelConfig, ddp_communication, zero1_partition
 from planner.params import param_tensors
-from planner.precision import PrecisionSpec, precision_spec
+from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
 from planner.timing import (
     OpGroup,
     OpRoofline,
@@ -82,8 +84,23 @@ class Estimate(BaseModel):
         return self.memory.fits
 
 
+# FSDP2's MixedPrecisionPolicy replaces autocast for bf16-mixed; fp16 needs a ShardedGradScaler
+# and fp8 Float8Linear, neither modelled
+FSDP_PRECISIONS = (PrecisionPolicy.FP32, PrecisionPolicy.TF32, PrecisionPolicy.BF16_MIXED, PrecisionPolicy.BF16_TRUE)
+
+
+def compute_spec(knobs: Knobs) -> PrecisionSpec:
+    """The precision the step computes in: the policy's, except that FSDP2 (ZeRO-2/3) runs
+    bf16-mixed as ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: gathered bf16
+    parameters and no autocast, i.e. the bf16-true graph (its fp32 master copies are the shards)."""
+    if knobs.zero_stage >= 2 and knobs.precision is PrecisionPolicy.BF16_MIXED:
+        return precision_spec(PrecisionPolicy.BF16_TRUE)
+    return precision_spec(knobs.precision)
+
+
 def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> PrecisionSpec:
-    """Reject knobs that cannot describe this workload on this device; return the precision spec."""
+    """Reject knobs that cannot describe this workload on this device; return the precision the
+    step computes in (``compute_spec``: what the graph is built with)."""
     if knobs.sequences_per_step != training.global_batch_size:
         raise ConfigError(
             f"knobs: micro_batch_size {knobs.micro_batch_size} x grad_accum_steps {knobs.grad_accum_steps} x "
@@ -92,17 +109,23 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
         )
     if knobs.zero_stage and knobs.data_parallel == 1:
         raise ConfigError("knobs.zero_stage: sharding needs several GPUs; use zero_stage 0 with data_parallel 1")
-    if knobs.zero_stage >= 2:
+    if knobs.zero_stage >= 2 and knobs.precision not in FSDP_PRECISIONS:
+        runs = ", ".join(p.value for p in FSDP_PRECISIONS)
         raise ConfigError(
-            f"knobs.zero_stage: stage {knobs.zero_stage} (FSDP2 sharding of parameters/gradients) is not modelled "
-            "yet; use stage 0 (DDP) or 1 (ZeroRedundancyOptimizer)"
+            f"knobs.precision: {knobs.precision.value} with ZeRO-{knobs.zero_stage} (FSDP2) is not modelled (FSDP2 "
+            f"needs a sharded grad scaler for fp16 and Float8 training for fp8); use {runs}, or ZeRO-0/1"
+        )
+    if knobs.zero_stage >= 2 and knobs.checkpoint_segments:
+        raise ConfigError(
+            "knobs.checkpoint_segments: segments of several blocks under FSDP2 re-gather every block of a segment "
+            "during its recompute, which is not modelled; checkpoint blocks one by one (checkpoint_blocks)"
         )
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
     if outside:
         raise ConfigError(
             f"knobs.checkpoint_blocks: block {outside[0]} does not exist; the model has blocks 0..{model.n_layers - 1}"
         )
-    spec = precision_spec(knobs.precision)
+    spec = compute_spec(knobs)
     if not hw.supports(spec.matmul_precision):
         runs = ", ".join(p.value for p in hw.precisions)
         raise UnsupportedPrecisionError(
@@ -135,19 +158,32 @@ def times_of(graph: LayerGraph, hw: HardwareProfile) -> OpTimes:
 
 def timing(
     graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, grad_accum_steps: int, recomputed: frozenset[str],
-    shard_fraction: float = 1.0,
+    shard_fraction: float = 1.0, state_dtype: DType | None = None,
 ) -> tuple[OpTimes, TimeBreakdown]:
     """Step time of a graph given which ops the checkpointing re-runs (no memory walk needed);
-    ``shard_fraction`` of the parameters is what this rank's optimizer updates."""
+    ``shard_fraction`` of the parameters is what this rank's optimizer updates, stored in
+    ``state_dtype`` (default: the graph's parameter dtype)."""
     times = times_of(graph, hw)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    return times, step_time(times, recomputed, grad_accum_steps, optimizer_time_s(graph, opt, hw, shard_fraction))
+    return times, step_time(times, recomputed, grad_accum_steps,
+                            optimizer_time_s(graph, opt, hw, shard_fraction, state_dtype))
 
 
-def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs) -> float:
-    """The share of the parameters this rank's optimizer updates (ZeRO-1: its largest partition)."""
+def rank_timing(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs,
+                recomputed: frozenset[str]) -> tuple[OpTimes, TimeBreakdown]:
+    """``timing`` of one rank: its optimizer updates its own share, in the stored dtype."""
+    return timing(graph, hw, training, knobs.grad_accum_steps, recomputed,
+                  shard_fraction=optimizer_shard_fraction(graph, knobs, hw),
+                  state_dtype=precision_spec(knobs.precision).param_dtype)
+
+
+def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
+    """The share of the parameters this rank's optimizer updates (ZeRO-1: its largest partition;
+    FSDP2: its padded shards)."""
     if knobs.data_parallel == 1 or knobs.zero_stage == 0:
         return 1.0
+    if knobs.zero_stage >= 2:
+        return shard_fraction(layout_for(graph, knobs, hw), graph.n_params)
     partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
     return max(sum(p.numel for p in part) for part in partitions) / graph.n_params
 
@@ -157,6 +193,13 @@ def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpu
     """The step time with the collectives compute does not hide (nothing to add on one GPU)."""
     if knobs.data_parallel == 1:
         return time
+    if knobs.zero_stage >= 2:
+        parallel = ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node)
+        n = knobs.grad_accum_steps
+        comm = fsdp_communication(layout_for(graph, knobs, hw), hw, parallel, n, time.forward_s / n,
+                                  (time.backward_s + time.recompute_s) / n)
+        return time.model_copy(update={"communication_s": comm.exposed_s,
+                                       "step_time_s": time.step_time_s + comm.exposed_s})
     comm = data_parallel_communication(graph, hw, knobs, gpus_per_node, time)
     return time.model_copy(update={"communication_s": comm.exposed_s, "step_time_s": time.step_time_s + comm.exposed_s})
 
@@ -171,12 +214,25 @@ def data_parallel_communication(graph: LayerGraph, hw: HardwareProfile, knobs: K
                              ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node), window)
 
 
+_LAYOUTS: IdentityCache[FsdpLayout] = IdentityCache()
+
+
+def layout_for(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> FsdpLayout:
+    """FSDP2 units of ``graph`` (built by ``check_knobs``' compute precision) for ZeRO-2/3 knobs;
+    shards keep the policy's parameter dtype (fp32 for bf16-mixed)."""
+    stored = precision_spec(knobs.precision).param_dtype
+    return _LAYOUTS.get((graph, hw), (knobs.data_parallel, knobs.zero_stage, stored),
+                        lambda: fsdp_layout(graph, knobs.data_parallel, knobs.zero_stage, stored, hw.round_alloc))
+
+
 def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs) -> StaticMemory:
     """Parameters, optimizer state, data batch and step temporaries of one rank.
 
     Several GPUs (``planner.parallel``): DDP's gradient buckets hold every gradient for the whole
     step (``gradient_as_bucket_view=True``); with ZeRO-1 a rank keeps the optimizer state (and
-    step temporaries) of its own partition only, the largest partition deciding the peak."""
+    step temporaries) of its own partition only, the largest partition deciding the peak. ZeRO-2/3
+    (FSDP2, ``planner.fsdp``): rank 0's padded shards and their optimizer state; the walk adds the
+    gathered parameters, gradients and collective buffers."""
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
     static = static_memory(
         graph,
@@ -188,6 +244,9 @@ def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, kn
     )
     if knobs.data_parallel == 1:
         return static
+    if knobs.zero_stage >= 2:
+        return fsdp_static(layout_for(graph, knobs, hw), opt.state_tensors_per_param, opt.step_temporaries_per_param,
+                           opt.device_step_scalar, static.data_bytes, hw.round_alloc)
     if knobs.zero_stage == 1:
         bytes_per = graph.precision.param_dtype.n_bytes
         partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
@@ -203,7 +262,8 @@ def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
 
     At the log-softmax of the last micro-batch, whatever is checkpointed, these are live:
     parameters, optimizer state, the data batch, every gradient if an earlier micro-batch
-    exists, and two fp32 (B*T, V) tensors (the logits in fp32 and their log-softmax).
+    exists (DDP: always; FSDP2: sharded), and two fp32 (B*T, V) tensors (the logits in fp32 and
+    their log-softmax).
     """
     spec = precision_spec(knobs.precision)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
@@ -213,8 +273,13 @@ def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
     if knobs.data_parallel > 1 and knobs.zero_stage == 1:
         partitions = zero1_partition([ParamTensor(name=k, numel=n) for k, n in sizes.items()], knobs.data_parallel)
         state = max(sum(hw.round_alloc(p.numel * spec.param_dtype.n_bytes) for p in part) for part in partitions)
-    resident = knobs.grad_accum_steps > 1 or knobs.data_parallel > 1
+    if knobs.data_parallel > 1 and knobs.zero_stage >= 2:  # FSDP2: rank 0 holds at least 1/N of each
+        shards = sum(n * spec.param_dtype.n_bytes // knobs.data_parallel for n in sizes.values())
+        params = state = shards
+    resident = knobs.grad_accum_steps > 1 or (knobs.data_parallel > 1 and knobs.zero_stage < 2)
     grads = sum(hw.round_alloc(n * spec.grad_dtype.n_bytes) for n in sizes.values()) if resident else 0
+    if knobs.data_parallel > 1 and knobs.zero_stage >= 2 and knobs.grad_accum_steps > 1:
+        grads = shards
     data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
     logits = 2 * hw.round_alloc(knobs.micro_batch_size * training.seq_len * model.vocab_size * 4)
     return params + state * opt.state_tensors_per_param + grads + data + logits
@@ -239,8 +304,7 @@ def estimate(
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.grad_accum_steps)
-    _, time = timing(graph, hw, training, knobs.grad_accum_steps, timeline.recomputed_ops,
-                     shard_fraction=optimizer_shard_fraction(graph, knobs))
+    _, time = rank_timing(graph, hw, training, knobs, timeline.recomputed_ops)
     time = with_communication(graph, hw, knobs, gpus_per_node, time)
     ops = op_rooflines(graph, hw)
 

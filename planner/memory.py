@@ -16,36 +16,13 @@ Every tensor is rounded to the allocator's granularity (512 B on CUDA).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
 from planner.cache import IdentityCache
 from planner.graph import LayerGraph
-from planner.memory_types import CATEGORIES, Category, PeakPoint, Phase, TraceEvent
+from planner.fsdp import simulate_fsdp_step
+from planner.memory_types import CATEGORIES, Category, PeakPoint, Phase, StaticMemory, Timeline, TraceEvent
 from planner.walk import Live, Prepared, Walk, recompute_span
 
 _PREPARED: IdentityCache[Prepared] = IdentityCache()
-
-
-@dataclass(frozen=True)
-class StaticMemory:
-    """Bytes that exist for the whole step (before gradients)."""
-
-    params_bytes: int
-    optimizer_bytes: int
-    data_bytes: int
-    grads_bytes: int  # when all gradients exist
-    optimizer_step_temp_bytes: int
-    grads_resident: bool = False  # DDP's gradient buckets: allocated once, alive for the whole step
-
-
-@dataclass(frozen=True)
-class Timeline:
-    peak: PeakPoint
-    activations_bytes: int  # saved for backward at the end of one micro-batch's forward, logits excluded
-    logits_bytes: int  # logits-family tensors alive at the end of one micro-batch's forward
-    recompute_flops: float  # forward FLOPs re-run by checkpointing, per micro-batch
-    recomputed_ops: frozenset[str]  # ops whose forward runs again in backward
-    trace: tuple[TraceEvent, ...] = ()
 
 
 __all__ = [
@@ -129,6 +106,8 @@ def simulate_step(
 ) -> Timeline:
     """Walk one steady-state optimizer step; return its peak and where it happens."""
     prep = _PREPARED.get((graph,), (round_bytes(1),), lambda: Prepared(graph, round_bytes))
+    if static.sharding is not None:
+        return simulate_fsdp_step(prep, static, units, grad_accum_steps, record_trace)
     live = Live(record_trace)
     live.add(CATEGORIES.index(Category.PARAMS), static.params_bytes)
     live.add(CATEGORIES.index(Category.OPTIMIZER), static.optimizer_bytes)

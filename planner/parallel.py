@@ -34,7 +34,7 @@ from planner.errors import ConfigError
 from planner.ops.base import ParamTensor
 
 
-MODELLED_STAGES = (0, 1)  # ZeRO-2/3 (FSDP2) arrive with their memory model
+MODELLED_STAGES = (0, 1, 2, 3)
 
 
 def zero_stages(training: TrainConfig, gpus: int, gpus_per_node: int, zero_stage: int | None) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
-from hardware.dtypes import ComputePrecision
+from hardware.dtypes import ComputePrecision, DType
 from hardware.profile import DeviceKind, HardwareProfile
 from hardware.roofline import Bound, OpTime, op_time
 from planner.graph import GraphNode, LayerGraph
@@ -155,11 +155,13 @@ def _roofline(op: GraphNode, times: tuple[OpTime, OpTime, float, float]) -> OpRo
 
 
 def optimizer_time_s(
-    graph: LayerGraph, optimizer: OptimizerSpec, hw: HardwareProfile, shard_fraction: float = 1.0
+    graph: LayerGraph, optimizer: OptimizerSpec, hw: HardwareProfile, shard_fraction: float = 1.0,
+    state_dtype: DType | None = None,
 ) -> tuple[float, float]:
-    """(estimate, lower bound) of one optimizer step: memory-bound streaming of its state."""
+    """(estimate, lower bound) of one optimizer step: memory-bound streaming of its state, in
+    ``state_dtype`` (default: the graph's parameter dtype)."""
     elements = graph.n_params * shard_fraction
-    n_bytes = optimizer.traffic_elements_per_param * elements * graph.precision.param_dtype.n_bytes
+    n_bytes = optimizer.traffic_elements_per_param * elements * (state_dtype or graph.precision.param_dtype).n_bytes
     n_tensors = len(graph.param_tensors)
     if hw.kind is DeviceKind.CPU:
         # torch has no multi-tensor kernels on the CPU: _foreach_* ops loop over the tensors

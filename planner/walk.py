@@ -42,8 +42,10 @@ class Live:
         self.total += n_bytes - self.by_category[_GRADS]
         self.by_category[_GRADS] = n_bytes
 
-    def observe(self, phase: Phase, op: str, temporaries: int = 0, logits: int = 0) -> None:
-        """A candidate peak: what is live now plus momentary bytes."""
+    def observe(self, phase: Phase, op: str, temporaries: int = 0, logits: int = 0, event: str = "") -> None:
+        """A candidate peak: what is live now plus momentary bytes. ``op`` is the graph node the
+        moment belongs to; ``event`` names what happens there when it is not the op itself
+        (an FSDP2 all-gather before a block's first op)."""
         total = self.total + temporaries + logits
         if self.trace is not None:
             self.trace.append(TraceEvent(self.micro_batch, phase, op, total))
@@ -52,7 +54,7 @@ class Live:
             breakdown[Category.TEMPORARIES] += temporaries
             breakdown[Category.LOGITS] += logits
             self.peak_bytes = total
-            self.peak = PeakPoint(total, phase, op, self.micro_batch, breakdown)
+            self.peak = PeakPoint(total, phase, f"{op}: {event}" if event else op, self.micro_batch, breakdown)
 
     def category_bytes(self, category: Category) -> int:
         return self.by_category[CATEGORIES.index(category)]

@@ -24,8 +24,8 @@ from planner.estimate import (
     device_bytes,
     estimate,
     peak_lower_bound,
+    rank_timing,
     static_for,
-    timing,
     with_communication,
 )
 from planner.knobs import Knobs
@@ -127,7 +127,7 @@ def evaluate(
         point = ParetoPoint(step_time_s=math.inf, device_bytes=floor, knobs=base)
         return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
     graph = cached_graph(model, micro_batch_size, training.seq_len, spec)
-    times, no_recompute = timing(graph, hw, training, base.grad_accum_steps, frozenset())
+    times, no_recompute = rank_timing(graph, hw, training, base, frozenset())
     fwd_s = dict(zip(times.names, times.fwd_s, strict=True))
     # a step's time is additive in the forward time each checkpointed block runs again
     rerun_s = [
@@ -156,7 +156,7 @@ def evaluate(
     # one block input; skip them when even that cannot reach the cap
     block_input = hw.round_alloc(graph.node("blocks.0.attn_norm").cost.output.n_bytes)
     best_case = device_bytes(all_peak - (model.n_layers - 1) * block_input, hw)
-    if not fitting and allow_segments and best_case <= cap_bytes:
+    if not fitting and allow_segments and zero_stage < 2 and best_case <= cap_bytes:  # FSDP2: blocks only
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})
             est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)

@@ -8,6 +8,8 @@
 - optimizer: ``torch.optim.AdamW`` / ``SGD`` with ``foreach`` or ``fused`` as planned;
 - one optimizer step = ``grad_accum_steps`` micro-batches, each loss scaled by 1/steps, then
   ``step()`` and ``zero_grad(set_to_none=True)``;
+- ZeRO-2/3: FSDP2 ``fully_shard`` per block and on the model (``shard_model``); gradients are
+  reduce-scattered after every micro-batch and freed by ``zero_grad(set_to_none=True)``;
 - several GPUs (``data_parallel`` > 1): ZeRO-0 wraps the model in
   ``DistributedDataParallel(gradient_as_bucket_view=True)``, ZeRO-1 also shards the optimizer
   with ``ZeroRedundancyOptimizer``; every micro-batch but the last runs under ``no_sync()`` and
@@ -68,6 +70,24 @@ def wrap_data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn
 
     ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+
+def shard_model(model: Transformer, knobs: Knobs, spec: PrecisionSpec, mesh: Any) -> Transformer:
+    """ZeRO-2/3 as FSDP2: ``fully_shard`` every block, then the model (the root: embedding, final
+    norm, head), each with ``reshard_after_forward`` = (stage == 3). A mixed policy becomes a
+    ``MixedPrecisionPolicy(param_dtype=<autocast dtype>, reduce_dtype=fp32)``: the forward then
+    runs on gathered low-precision parameters without autocast (``step_spec``)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    reshard = knobs.zero_stage == 3
+    kwargs: dict[str, Any] = {}
+    if spec.autocast_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[spec.autocast_dtype.value],
+                                                   reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, **kwargs)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
+    return model
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

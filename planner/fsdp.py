@@ -1,0 +1,316 @@
+"""ZeRO-2/3 as FSDP2 runs them: per-rank static bytes and the buffers its hooks add to the walk.
+
+The rules are ``docs/distributed_memory.md`` section 4 (PyTorch 2.13's
+``torch/distributed/fsdp/_fully_shard``), each measured there to the byte with the live-storage
+tracker on a fake process group. The setup they describe, and ``validate`` applies:
+``fully_shard`` on every block, then on the model (the *root*: embedding, final norm, head);
+``reshard_after_forward`` = (stage == 3) for both; for bf16-mixed a
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` instead of autocast, so the
+forward runs in bf16 on gathered bf16 parameters (the walk is the bf16-true graph's) while the
+sharded parameters, gradients and AdamW state stay fp32; gradients reduce-scattered after every
+micro-batch; ``zero_grad(set_to_none=True)``.
+
+Per unit U (its parameters p: ``n_p`` elements, ``d0_p`` rows), N ranks, ``o`` bytes of the
+stored (sharded) dtype, ``c`` of the compute dtype, r() the allocator's rounding:
+
+- padded shard ``s_p = ceil(d0_p / N) * n_p / d0_p`` elements on every rank; rank 0 holds the
+  most (a full ``ceil(d0/N)`` rows), so its AdamW state is ``r(s_p o)`` per state tensor;
+- all-gather input ``AGin = r(S_U c)`` (only when c != o: the cast of the shards), output
+  ``AG = r(N S_U c)``, unsharded parameters ``Ug = sum_p r(N s_p c)``, with S_U = sum_p s_p;
+- reduce-scatter input ``RSin = r(N S_U o)``, output ``RSo = Gs = r(S_U o)`` (the sharded
+  gradient, kept from the first micro-batch, later ones added into it and freed);
+- the unit's last parameter's unsharded gradient outlives the others by one call.
+
+Forward: the root is gathered first and stays gathered; each block's all-gather and copy-out
+happen while the previous unit's all-gather output is still held; stage 3 frees a block's
+parameters after its forward, stage 2 keeps them until its backward. Backward (stage 3): the
+root is gathered again at the loss gradient and the last block prefetched; each block copies out
+its prefetched gather and prefetches the one before it. Post-backward of a unit (its input's
+gradient ready): reshard, drop the previous unit's held reduce-scatter input, allocate its own
+(every unsharded gradient still alive), then the sharded gradient; the root's runs in autograd's
+final callback, after every block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hardware.dtypes import DType
+from hardware.profile import HardwareProfile
+from planner.graph import LayerGraph
+from planner.memory_types import CATEGORIES, Category, Phase, StaticMemory, Timeline
+from planner.parallel import Communication, ParallelConfig, fsdp_shard_numel, ring_time_s
+from planner.walk import Live, Prepared, Walk, WalkHooks
+
+_PARAMS = CATEGORIES.index(Category.PARAMS)
+_GRADS = CATEGORIES.index(Category.GRADS)
+_OPTIMIZER = CATEGORIES.index(Category.OPTIMIZER)
+_DATA = CATEGORIES.index(Category.DATA)
+_TEMPORARIES = CATEGORIES.index(Category.TEMPORARIES)
+
+ROOT = "root"
+
+
+@dataclass(frozen=True)
+class ShardUnit:
+    """One ``fully_shard`` call's parameters and the bytes of its buffers on rank 0."""
+
+    name: str  # "root" or "blocks.<i>"
+    block: int | None
+    params: tuple[str, ...]  # state-dict names, in registration order
+    padded_numel: int  # S_U: padded shard elements per rank
+    sharded_bytes: int  # sum_p r(s_p o): the sharded parameters
+    gather_input_bytes: int  # AGin
+    gather_output_bytes: int  # AG
+    unsharded_bytes: int  # Ug
+    reduce_input_bytes: int  # RSin
+    sharded_grad_bytes: int  # RSo = Gs
+    last_grad_bytes: int  # the last parameter's unsharded gradient, freed one call late
+
+
+@dataclass(frozen=True)
+class FsdpLayout:
+    """FSDP2 units of one model on ``world_size`` ranks at ``stage`` 2 or 3."""
+
+    stage: int
+    world_size: int
+    units: tuple[ShardUnit, ...]  # the root first, then the blocks in order
+
+    @property
+    def root(self) -> ShardUnit:
+        return self.units[0]
+
+    @property
+    def blocks(self) -> dict[int, ShardUnit]:
+        return {u.block: u for u in self.units if u.block is not None}
+
+
+def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DType,
+                round_bytes: Callable[[int], int]) -> FsdpLayout:
+    """The units of ``graph`` (built in the compute precision) when sharded over ``world_size``
+    ranks, parameters stored in ``stored_dtype`` (fp32 under a bf16 MixedPrecisionPolicy)."""
+    if stage not in (2, 3) or world_size < 2:
+        raise ValueError(f"FSDP2 layout needs stage 2 or 3 and several ranks, got stage {stage} on {world_size}")
+    owner: dict[str, int | None] = {}
+    for op in graph.nodes:  # first use ~ registration order; tied weights belong to the root
+        for param in op.spec.params:
+            owner.setdefault(param.name, op.spec.block)
+    specs = graph.param_specs
+    o, c = stored_dtype.n_bytes, graph.precision.param_dtype.n_bytes
+    groups: dict[int | None, list[str]] = {None: []}
+    for name, block in owner.items():
+        groups.setdefault(block, []).append(name)
+    units = []
+    for block in sorted(groups, key=lambda b: -1 if b is None else b):
+        names = groups[block]
+        shards = [fsdp_shard_numel(specs[n], world_size) for n in names]
+        total = sum(shards)
+        units.append(ShardUnit(
+            name=ROOT if block is None else f"blocks.{block}",
+            block=block,
+            params=tuple(names),
+            padded_numel=total,
+            sharded_bytes=sum(round_bytes(s * o) for s in shards),
+            gather_input_bytes=round_bytes(total * c) if c != o else 0,
+            gather_output_bytes=round_bytes(world_size * total * c),
+            unsharded_bytes=sum(round_bytes(world_size * s * c) for s in shards),
+            reduce_input_bytes=round_bytes(world_size * total * o),
+            sharded_grad_bytes=round_bytes(total * o),
+            last_grad_bytes=round_bytes(specs[names[-1]].numel * c) if names else 0,
+        ))
+    return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units))
+
+
+def fsdp_static(layout: FsdpLayout, state_tensors_per_param: int, step_temporaries_per_param: int,
+                device_step_scalar: bool, data_bytes: int, round_bytes: Callable[[int], int]) -> StaticMemory:
+    """Rank 0 between steps: padded shards, optimizer state of its (largest) local shards, batch."""
+    shards = sum(u.sharded_bytes for u in layout.units)
+    n_tensors = sum(len(u.params) for u in layout.units)
+    scalars = round_bytes(4) * n_tensors if device_step_scalar and state_tensors_per_param else 0
+    return StaticMemory(
+        params_bytes=shards,
+        optimizer_bytes=state_tensors_per_param * shards + scalars,
+        data_bytes=data_bytes,
+        grads_bytes=sum(u.sharded_grad_bytes for u in layout.units),
+        optimizer_step_temp_bytes=step_temporaries_per_param * shards,
+        sharding=layout,
+    )
+
+
+class _FsdpHooks(WalkHooks):
+    """FSDP2's buffers around the walk of one step (the object lives across micro-batches)."""
+
+    def __init__(self, layout: FsdpLayout, prep: Prepared) -> None:
+        self.layout = layout
+        self.stage3 = layout.stage == 3
+        self.names = prep.names
+        self.blocks = layout.blocks
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for position, block in enumerate(prep.block):
+            if block is not None:
+                first.setdefault(block, position)
+                last[block] = position
+        self.entry = {position: block for block, position in first.items()}  # a block's first op
+        self.exit = {position: block for block, position in last.items()}  # a block's last op
+        self.reduced: set[str] = set()  # units whose sharded gradient exists
+        self.held_gather = 0  # forward: the previous unit's all-gather output
+        self.held_reduce = 0  # the previous unit's reduce-scatter input
+        self.prefetched: dict[int, int] = {}  # block -> its all-gather output, gathered ahead
+
+    # --- events ---------------------------------------------------------------------------------
+    def _all_gather(self, live: Live, unit: ShardUnit, phase: Phase, op: str) -> int:
+        live.add(_TEMPORARIES, unit.gather_input_bytes + unit.gather_output_bytes)
+        live.observe(phase, op, event=f"all-gather {unit.name}")
+        live.add(_TEMPORARIES, -unit.gather_input_bytes)
+        return unit.gather_output_bytes
+
+    def _copy_out(self, live: Live, unit: ShardUnit, phase: Phase, op: str) -> None:
+        live.add(_PARAMS, unit.unsharded_bytes)
+        live.observe(phase, op, event=f"copy-out {unit.name}")
+
+    def _unshard(self, live: Live, unit: ShardUnit, phase: Phase, op: str) -> None:
+        """All-gather and copy-out while the previous unit's all-gather output is still held."""
+        gathered = self._all_gather(live, unit, phase, op)
+        self._copy_out(live, unit, phase, op)
+        live.add(_TEMPORARIES, -self.held_gather)
+        self.held_gather = gathered
+
+    def _post_backward(self, walk: Walk, unit: ShardUnit, op: str) -> None:
+        live = walk.live
+        live.add(_PARAMS, -unit.unsharded_bytes)
+        live.add(_TEMPORARIES, unit.reduce_input_bytes - self.held_reduce)
+        self.held_reduce = unit.reduce_input_bytes
+        live.observe(Phase.BACKWARD, op, event=f"reduce-scatter {unit.name}")
+        walk.release_grads(unit.params)
+        live.add(_GRADS, unit.last_grad_bytes + unit.sharded_grad_bytes)
+        live.observe(Phase.BACKWARD, op, event=f"reduce-scatter output {unit.name}")
+        live.add(_GRADS, -unit.last_grad_bytes)
+        if unit.name in self.reduced:  # added into the existing sharded gradient
+            live.add(_GRADS, -unit.sharded_grad_bytes)
+        self.reduced.add(unit.name)
+
+    # --- forward --------------------------------------------------------------------------------
+    def forward_start(self, walk: Walk) -> None:
+        self.held_gather = 0
+        self._unshard(walk.live, self.layout.root, Phase.FORWARD, self.names[0])
+
+    def before_forward(self, walk: Walk, op: int) -> None:
+        block = self.entry.get(op)
+        if block is not None:
+            self._unshard(walk.live, self.blocks[block], Phase.FORWARD, self.names[op])
+
+    def after_forward(self, walk: Walk, op: int) -> None:
+        block = self.exit.get(op)
+        if block is not None and self.stage3:
+            walk.live.add(_PARAMS, -self.blocks[block].unsharded_bytes)
+
+    def forward_end(self, walk: Walk) -> None:
+        walk.live.add(_TEMPORARIES, -self.held_gather)
+        self.held_gather = 0
+        if self.stage3:
+            walk.live.add(_PARAMS, -self.layout.root.unsharded_bytes)
+
+    # --- backward -------------------------------------------------------------------------------
+    def _prefetch(self, live: Live, block: int, op: str) -> None:
+        if block in self.blocks:
+            self.prefetched[block] = self._all_gather(live, self.blocks[block], Phase.BACKWARD, op)
+
+    def backward_start(self, walk: Walk) -> None:
+        if not self.stage3:
+            return
+        live, op, root = walk.live, self.names[-1], self.layout.root
+        gathered = self._all_gather(live, root, Phase.BACKWARD, op)
+        self._copy_out(live, root, Phase.BACKWARD, op)
+        live.add(_TEMPORARIES, -gathered)  # freed as wait_for_unshard returns (not in the forward)
+        self._prefetch(live, max(self.blocks), op)
+
+    def before_backward(self, walk: Walk, op: int) -> None:
+        block = self.exit.get(op)
+        if block is None or not self.stage3:
+            return
+        live, name = walk.live, self.names[op]
+        self._copy_out(live, self.blocks[block], Phase.BACKWARD, name)
+        live.add(_TEMPORARIES, -self.prefetched.pop(block, 0))
+        self._prefetch(live, block - 1, name)
+
+    def after_backward(self, walk: Walk, op: int) -> None:
+        block = self.entry.get(op)
+        if block is not None:
+            self._post_backward(walk, self.blocks[block], self.names[op])
+
+    def backward_end(self, walk: Walk) -> None:
+        self._post_backward(walk, self.layout.root, self.names[0])
+        walk.live.add(_TEMPORARIES, -self.held_reduce)
+        self.held_reduce = 0
+
+
+def simulate_fsdp_step(prep: Prepared, static: StaticMemory, units: dict[int, int], grad_accum_steps: int,
+                       record_trace: bool = False) -> Timeline:
+    """Walk one steady-state step of rank 0 under FSDP2 (``static.sharding``)."""
+    layout = static.sharding
+    assert layout is not None
+    live = Live(record_trace)
+    live.add(_PARAMS, static.params_bytes)
+    live.add(_OPTIMIZER, static.optimizer_bytes)
+    live.add(_DATA, static.data_bytes)
+    live.observe(Phase.FORWARD, "start")
+    hooks = _FsdpHooks(layout, prep)
+    activations = logits = 0
+    walk: Walk | None = None
+    for micro_batch in range(min(grad_accum_steps, 2)):  # later micro-batches repeat the second
+        live.micro_batch = micro_batch
+        walk = Walk(prep, units, live, grads_exist=False, hooks=hooks, unit_grads=True)
+        activations, logits = walk.forward()
+        walk.backward()
+    live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
+    assert live.peak is not None and walk is not None
+    return Timeline(
+        peak=live.peak,
+        activations_bytes=activations,
+        logits_bytes=logits,
+        recompute_flops=walk.recompute_flops,
+        recomputed_ops=frozenset(prep.names[i] for i in walk.recomputed),
+        trace=tuple(live.trace or ()),
+    )
+
+
+def fsdp_communication(layout: FsdpLayout, hw: HardwareProfile, parallel: ParallelConfig, grad_accum_steps: int,
+                       forward_s: float, backward_s: float) -> Communication:
+    """Collectives of one step and what compute hides of them, per rank (ring model).
+
+    Every micro-batch all-gathers every unit for its forward (stage 3: the blocks and the root
+    again for the backward) and reduce-scatters every unit's gradients. FSDP2 overlaps a unit's
+    all-gather with the previous unit's compute and a reduce-scatter with the next unit's
+    backward, so per micro-batch the exposed time is the root's all-gather (nothing runs before
+    it) and its reduce-scatter (nothing runs after it), plus whatever the collectives of the
+    blocks take beyond the compute they overlap. ``forward_s``/``backward_s``: one micro-batch.
+    """
+    root, blocks = layout.root, [u for u in layout.units if u.block is not None]
+
+    def gather(units: Sequence[ShardUnit]) -> float:
+        return ring_time_s(sum(u.gather_output_bytes for u in units), "all_gather", hw, parallel, len(units))
+
+    def scatter(units: Sequence[ShardUnit]) -> float:
+        return ring_time_s(sum(u.reduce_input_bytes for u in units), "reduce_scatter", hw, parallel, len(units))
+
+    fwd_blocks, bwd_blocks = gather(blocks), gather(blocks) if layout.stage == 3 else 0.0
+    root_gather, root_scatter = gather([root]), scatter([root])
+    regather_root = root_gather if layout.stage == 3 else 0.0
+    exposed = (root_gather + max(0.0, fwd_blocks - forward_s)
+               + regather_root + max(0.0, bwd_blocks + scatter(blocks) - backward_s) + root_scatter)
+    total = root_gather + fwd_blocks + regather_root + bwd_blocks + scatter(blocks) + root_scatter
+    factor = (parallel.world_size - 1) / parallel.world_size
+    gathered = sum(u.gather_output_bytes for u in layout.units) * (2 if layout.stage == 3 else 1)
+    moved = factor * (gathered + sum(u.reduce_input_bytes for u in layout.units))
+    return Communication(total_s=total * grad_accum_steps, exposed_s=exposed * grad_accum_steps,
+                         bytes_moved=moved * grad_accum_steps)
+
+
+def shard_fraction(layout: FsdpLayout, n_params: int) -> float:
+    """Share of the parameters rank 0's optimizer updates (its padded shards)."""
+    if not n_params:
+        return 0.0
+    return min(1.0, math.fsum(u.padded_numel for u in layout.units) / n_params)
