@@ -48,7 +48,9 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
         lines.append(f"  or more GPUs: {scale_out}")
     else:
         lines.append(
-            f"  more GPUs with DDP or ZeRO-1 do not help enough (parameters and gradients stay replicated; model "
-            f"state here {state}); ZeRO-2/3 (FSDP2) sharding would, and is not modelled yet"
+            f"  more GPUs do not help: even sharding everything (ZeRO-3, FSDP2) over as many GPUs as the global batch "
+            f"has sequences leaves one sequence's activations, logits and a gathered block per GPU above the cap "
+            f"(model state on one GPU here {state}); shorten the sequence or add tensor/sequence parallelism "
+            f"(not modelled)"
         )
     return "\n".join(lines)

@@ -21,8 +21,8 @@ from hardware.profile import HardwareProfile
 from hardware.registry import load_hardware
 from hardware.units import parse_bytes
 from hardware.validation import describe_validation_error
-from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.advice import infeasible_message
+from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import estimate
 from planner.knobs import Knobs, parse_checkpoint_spec

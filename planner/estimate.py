@@ -20,12 +20,12 @@ from hardware.roofline import Bound
 from planner.cache import IdentityCache
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
+from planner.fsdp import FSDP_PRECISIONS, FsdpLayout, fsdp_communication, fsdp_layout, fsdp_static, shard_fraction
 from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
-from planner.optimizer import optimizer_spec
 from planner.ops.base import ParamTensor
-from planner.fsdp import FsdpLayout, fsdp_communication, fsdp_layout, fsdp_static, shard_fraction
+from planner.optimizer import optimizer_spec
 from planner.parallel import Communication, ParallelConfig, ddp_communication, zero1_partition
 from planner.params import param_tensors
 from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
@@ -82,11 +82,6 @@ class Estimate(BaseModel):
     @property
     def fits(self) -> bool:
         return self.memory.fits
-
-
-# FSDP2's MixedPrecisionPolicy replaces autocast for bf16-mixed; fp16 needs a ShardedGradScaler
-# and fp8 Float8Linear, neither modelled
-FSDP_PRECISIONS = (PrecisionPolicy.FP32, PrecisionPolicy.TF32, PrecisionPolicy.BF16_MIXED, PrecisionPolicy.BF16_TRUE)
 
 
 def compute_spec(knobs: Knobs) -> PrecisionSpec:

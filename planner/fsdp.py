@@ -42,6 +42,7 @@ from hardware.profile import HardwareProfile
 from planner.graph import LayerGraph
 from planner.memory_types import CATEGORIES, Category, Phase, StaticMemory, Timeline
 from planner.parallel import Communication, ParallelConfig, fsdp_shard_numel, ring_time_s
+from planner.precision import PrecisionPolicy
 from planner.walk import Live, Prepared, Walk, WalkHooks
 
 _PARAMS = CATEGORIES.index(Category.PARAMS)
@@ -51,6 +52,9 @@ _DATA = CATEGORIES.index(Category.DATA)
 _TEMPORARIES = CATEGORIES.index(Category.TEMPORARIES)
 
 ROOT = "root"
+# FSDP2's MixedPrecisionPolicy replaces autocast for bf16-mixed; fp16 would need a sharded grad
+# scaler and fp8 Float8Linear's FSDP2 integration, neither modelled
+FSDP_PRECISIONS = (PrecisionPolicy.FP32, PrecisionPolicy.TF32, PrecisionPolicy.BF16_MIXED, PrecisionPolicy.BF16_TRUE)
 
 
 @dataclass(frozen=True)

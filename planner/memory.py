@@ -16,9 +16,10 @@ Every tensor is rounded to the allocator's granularity (512 B on CUDA).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
 from planner.cache import IdentityCache
-from planner.graph import LayerGraph
 from planner.fsdp import simulate_fsdp_step
+from planner.graph import LayerGraph
 from planner.memory_types import CATEGORIES, Category, PeakPoint, Phase, StaticMemory, Timeline, TraceEvent
 from planner.walk import Live, Prepared, Walk, recompute_span
 

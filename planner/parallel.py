@@ -33,7 +33,6 @@ from planner.config import TrainConfig
 from planner.errors import ConfigError
 from planner.ops.base import ParamTensor
 
-
 MODELLED_STAGES = (0, 1, 2, 3)
 
 
@@ -52,9 +51,6 @@ def zero_stages(training: TrainConfig, gpus: int, gpus_per_node: int, zero_stage
         return (0,)
     if zero_stage is None:
         return MODELLED_STAGES
-    if zero_stage not in MODELLED_STAGES:
-        raise ConfigError(f"--zero-stage: stage {zero_stage} (FSDP2 sharding) is not modelled yet; use 0 (DDP) or "
-                          "1 (ZeroRedundancyOptimizer)")
     return (zero_stage,)
 
 

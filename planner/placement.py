@@ -10,7 +10,9 @@ earlier block with status s adds (what it keeps for backward, less, in the first
 backward, the gradient of one later block that has not appeared yet). The kind of a block is its
 status, except that a plain block after a checkpointed one can see more: a model-wide tensor no
 op saves is still held by the checkpoint units as an input. Block 0 has terms of its own: the
-model-wide tensors every block shares (rotary tables, causal mask) die in its backward. Events after
+model-wide tensors every block shares (rotary tables, causal mask) die in its backward. The last
+block may have terms of its own too (under FSDP2 no later unit's reduce-scatter input is held
+during its backward); it is taken from the walk of its kind. Events after
 the blocks see every block: their value moves linearly with the number of checkpointed blocks.
 The decomposition is verified on every walk before it is used, so a graph that does not
 decompose is refused rather than mispriced.
@@ -55,6 +57,7 @@ class PlacementProfile:
     n_blocks: int
     first: dict[int, Terms]  # status -> block 0's events
     terms: dict[int, Terms]  # kind -> events of a later block, without any earlier block's share
+    last: dict[int, Terms]  # kind -> the last block's events, likewise (= terms unless it differs)
     step: dict[int, dict[tuple[int, str], int]]  # status -> (micro-batch, group) -> D
     outside: list[tuple[int, int, int]]  # events outside the blocks: value with 0, 1 and all L checkpointed
 
@@ -62,7 +65,7 @@ class PlacementProfile:
         return _CKPT if status else (_AFTER if earlier_checkpointed else _NONE)
 
     def _block_peak(self, index: int, kind: int, prefix: dict[tuple[int, str], int]) -> int:
-        terms = self.first[kind] if index == 0 else self.terms[kind]
+        terms = self.first[kind] if index == 0 else self.last[kind] if index == self.n_blocks - 1 else self.terms[kind]
         return max(max(values) + prefix.get(key, 0) for key, values in terms.items())
 
     def _tail_peak(self, count: int) -> int:
@@ -178,6 +181,7 @@ def placement_profile(
         (runs["all"][0], lambda i: [_CKPT] * (i + 1)),
         (after, lambda i: [_CKPT] + [_AFTER] * i),
     )
+    last: dict[int, Terms] = {kind: dict(t) for kind, t in terms.items()}
     for events, kinds_of in checks:  # linearity, event by event
         for (micro, group, block), values in events.items():
             if block == 0:
@@ -185,14 +189,18 @@ def placement_profile(
             key = (micro, group)
             kinds = kinds_of(block)
             prefix = sum(step[1 if k == _CKPT else 0][key] for k in kinds[:block])
-            if values != [v + prefix for v in terms[kinds[block]][key]]:
-                raise NotDecomposableError(
-                    f"block {block} does not repeat block 1 ({micro=}, {group=}); placement needs identical blocks"
-                )
+            if values == [v + prefix for v in terms[kinds[block]][key]]:
+                continue
+            if block == n - 1:  # the last block may differ (FSDP2: no later unit's buffer held)
+                last[kinds[block]][key] = [v - prefix for v in values]
+                continue
+            raise NotDecomposableError(
+                f"block {block} does not repeat block 1 ({micro=}, {group=}); placement needs identical blocks"
+            )
     outside = [run[1] for run in (runs["none"], runs["first"], runs["all"])]
     if len({len(o) for o in outside}) != 1:
         raise NotDecomposableError("the walks outside the blocks differ in length")
     triples = list(zip(*outside, strict=True))
     if any((every - one) % (n - 1) for _, one, every in triples):
         raise NotDecomposableError("events after the blocks do not move by a whole per-block amount")
-    return PlacementProfile(n_blocks=n, first=first, terms=terms, step=step, outside=triples)
+    return PlacementProfile(n_blocks=n, first=first, terms=terms, last=last, step=step, outside=triples)

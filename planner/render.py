@@ -61,21 +61,25 @@ def knobs_table(result: PlanResult) -> Table:
     n_layers = result.model.config.n_layers
     table = Table(title="Configuration", show_header=False, title_justify="left")
     table.add_row("micro-batch × accumulation", f"{k.micro_batch_size} × {k.grad_accum_steps}")
-    table.add_row(
-        "precision",
-        f"{k.precision.value}: params {spec.param_dtype.value}, grads {spec.grad_dtype.value}, "
-        f"matmuls {spec.matmul_precision.value}" + (f", autocast {spec.autocast_dtype.value}" if spec.autocast_dtype else ""),
-    )
+    if k.zero_stage >= 2 and spec.autocast_dtype is not None:
+        how = (f"{k.precision.value}: {spec.param_dtype.value} shards, params gathered and computed in "
+               f"{spec.autocast_dtype.value} (FSDP2 MixedPrecisionPolicy, no autocast), gradients reduced in fp32")
+    else:
+        how = (f"{k.precision.value}: params {spec.param_dtype.value}, grads {spec.grad_dtype.value}, matmuls "
+               f"{spec.matmul_precision.value}" + (f", autocast {spec.autocast_dtype.value}" if spec.autocast_dtype else ""))
+    table.add_row("precision", how)
     blocks = sorted(k.checkpointed)
     ckpt = "none" if not blocks else ("all" if len(blocks) == n_layers else ",".join(map(str, blocks)))
     table.add_row("activation checkpointing", f"{len(blocks)} of {n_layers} blocks ({ckpt})")
     t = result.training
     table.add_row("optimizer", f"{t.optimizer.value} ({t.optimizer_impl.value})")
     if k.data_parallel > 1:
-        how = {0: "DDP (gradient buckets, all-reduce)", 1: "DDP + ZeroRedundancyOptimizer (optimizer state sharded)"}
+        stages = {0: "DDP (gradient buckets, all-reduce)", 1: "DDP + ZeroRedundancyOptimizer (optimizer state sharded)",
+               2: "FSDP2 (everything sharded; each block's params gathered from its forward to its backward)",
+               3: "FSDP2 (everything sharded; each block's params gathered for its forward and again for its backward)"}
         nodes = result.parallel.nodes
         table.add_row("data parallel", f"{k.data_parallel} GPUs on {nodes} node{'s' if nodes > 1 else ''}, "
-                      f"ZeRO-{k.zero_stage}: {how.get(k.zero_stage, 'FSDP2')}")
+                      f"ZeRO-{k.zero_stage}: {stages[k.zero_stage]}")
     return table
 
 
@@ -91,11 +95,18 @@ def memory_table(result: PlanResult) -> Table:
     table.add_column("what")
     table.add_column("napkin math")
     table.add_column("bytes", justify="right")
-    table.add_row("parameters", f"{n} × {spec.param_bytes} B ({spec.param_dtype.value})", format_bytes(mem.params_bytes))
-    table.add_row("gradients", f"{n} × {spec.grad_bytes} B ({spec.grad_dtype.value})", format_bytes(mem.grads_bytes))
+    ranks = k.data_parallel
+    sharded = ranks > 1 and k.zero_stage >= 2
+    per = f"{n} / {ranks}" if sharded else n
+    table.add_row("parameters", f"{per} × {spec.param_bytes} B ({spec.param_dtype.value}"
+                  + (" shards; gathered copies are in the peak)" if sharded else ")"), format_bytes(mem.params_bytes))
+    grads = ("sharded, reduce-scattered after every micro-batch" if sharded else
+             "DDP's buckets, the whole step" if ranks > 1 else spec.grad_dtype.value)
+    table.add_row("gradients", f"{per} × {spec.grad_bytes} B ({grads})", format_bytes(mem.grads_bytes))
+    state_per = f"{n} / {ranks}" if ranks > 1 and k.zero_stage >= 1 else n
     table.add_row(
         "optimizer state",
-        f"{n} × {opt.state_tensors_per_param} × {spec.param_bytes} B ({t.optimizer.value})",
+        f"{state_per} × {opt.state_tensors_per_param} × {spec.param_bytes} B ({t.optimizer.value})",
         format_bytes(mem.optimizer_bytes),
     )
     table.add_row(

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
 from planner.estimate import (
-    Estimate,
     cached_graph,
     check_knobs,
     device_bytes,

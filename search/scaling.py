@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
+from planner.fsdp import FSDP_PRECISIONS
 from planner.knobs import Knobs
+from planner.parallel import MODELLED_STAGES
 from planner.precision import PrecisionPolicy
 from search.candidates import evaluate
-from planner.parallel import MODELLED_STAGES
 from search.space import divisors
 
 
@@ -28,6 +29,8 @@ def fewest_gpus(
         smallest = training.global_batch_size // gpus
         for stage in MODELLED_STAGES:
             for precision in precisions:
+                if stage >= 2 and precision not in FSDP_PRECISIONS:
+                    continue
                 for micro in (1, smallest):
                     if smallest % micro:
                         continue

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
+from planner.fsdp import FSDP_PRECISIONS
 from planner.parallel import MODELLED_STAGES, zero_stages
 from planner.precision import PrecisionPolicy, precision_spec
 
@@ -33,10 +34,15 @@ class SearchSpace(BaseModel):
     def size(self) -> int:
         return len(self.micro_batch_sizes) * len(self.precisions) * len(self.zero_stages)
 
+    def allows(self, precision: PrecisionPolicy | str, zero_stage: int) -> bool:
+        """Whether this precision can run at this ZeRO stage (FSDP2 runs fewer policies)."""
+        return zero_stage < 2 or PrecisionPolicy(precision) in FSDP_PRECISIONS
+
     def known_good(self) -> list[tuple[int, PrecisionPolicy, int]]:
         """Enqueued first: the smallest micro-batch in every precision, with the most sharding
-        (the likeliest to fit)."""
-        return [(self.micro_batch_sizes[0], p, self.zero_stages[-1]) for p in self.precisions]
+        that precision allows (the likeliest to fit)."""
+        return [(self.micro_batch_sizes[0], p, max(z for z in self.zero_stages if self.allows(p, z)))
+                for p in self.precisions]
 
     def neighbours(self, micro_batch_size: int, precision: str, zero_stage: int) -> list[tuple[int, str, int]]:
         """Adjacent micro-batches, then the same micro-batch in the other precisions and stages."""
@@ -45,7 +51,7 @@ class SearchSpace(BaseModel):
         out = [(sizes[j], precision, zero_stage) for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
         out += [(micro_batch_size, p.value, zero_stage) for p in self.precisions if p.value != precision]
         out += [(micro_batch_size, precision, z) for z in self.zero_stages if z != zero_stage]
-        return out
+        return [point for point in out if self.allows(point[1], point[2])]
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -89,6 +95,13 @@ def build_space(
                     f"(it runs {runs})"
                 )
         chosen = tuple(dict.fromkeys(precisions))
+    if min(stages) >= 2:  # FSDP2 only: drop the policies it cannot run
+        runnable = tuple(p for p in chosen if p in FSDP_PRECISIONS)
+        if not runnable:
+            allowed = ", ".join(p.value for p in FSDP_PRECISIONS)
+            raise ConfigError(f"--precision: {', '.join(p.value for p in chosen)} cannot run under --zero-stage "
+                              f"{stages[0]} (FSDP2) as modelled; use {allowed}, or --zero-stage 0/1")
+        chosen = runnable
     return SearchSpace(micro_batch_sizes=sizes, precisions=chosen, zero_stages=stages, data_parallel=gpus,
                        gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks, allow_segments=allow_segments)
 

@@ -157,6 +157,8 @@ def run_search(
         mb = trial.suggest_categorical(_MB, list(space.micro_batch_sizes))
         precision = trial.suggest_categorical(_PRECISION, [p.value for p in space.precisions])
         stage = trial.suggest_categorical(_ZERO, list(space.zero_stages))
+        if not space.allows(str(precision), int(stage)):  # type: ignore[arg-type]
+            raise optuna.TrialPruned(f"{precision} does not run under ZeRO-{stage} (FSDP2)")
         return _record(trial, price(int(mb), str(precision), int(stage)))  # type: ignore[arg-type]
 
     study = _create_study(options, space)

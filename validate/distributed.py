@@ -4,12 +4,17 @@
     torchrun --nproc-per-node 2 -m validate plan.json --mode run --device cpu    # gloo
 
 Every rank applies the plan (``validate.apply``: DDP with gradient buckets, ZeRO-1's
-``ZeroRedundancyOptimizer``), trains on its own share of the global batch, and measures its peak
-(``max_memory_allocated`` on CUDA, the live-storage tracker on CPU) and its step time; rank 0
-gathers every rank's figures and writes the report. ``simulate`` emulates the worst rank in one
-process under fake tensors, for any size: the gradients are allocated up front as DDP's buckets
-are and zeroed in place, and with ZeRO-1 the optimizer holds only that rank's partition (the
-partition ZeroRedundancyOptimizer makes, ``planner.parallel.zero1_partition``).
+``ZeroRedundancyOptimizer``, ZeRO-2/3 as FSDP2 ``fully_shard``), trains on its own share of the
+global batch, and measures its peak (``max_memory_allocated`` on CUDA, the live-storage tracker
+on CPU, counting a DTensor through its local shard) and its step time; rank 0 gathers every
+rank's figures and writes the report.
+
+``simulate`` measures the worst rank in one process under fake tensors, for any size. FSDP2
+runs for real on rank 0 of a fake process group (``init_process_group("fake")``: every
+collective is a no-op on the buffers NCCL would use, every allocation happens). DDP cannot run
+under fake tensors (its reducer reads data), so stages 0/1 are emulated: the gradients are
+allocated up front as DDP's buckets are and zeroed in place, and with ZeRO-1 the optimizer holds
+only that rank's partition (``planner.parallel.zero1_partition``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from __future__ import annotations
 import datetime
 import os
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hardware.errors import ConfigError
 from hardware.profile import HardwareProfile
-from planner.estimate import cached_graph, estimate
+from planner.estimate import cached_graph, compute_spec, estimate
 from planner.parallel import zero1_partition
 from planner.precision import precision_spec
 from planner.results import PlanResult
@@ -35,6 +43,7 @@ from validate.apply import (
     make_scaler,
     optimizer_state,
     param_dtype,
+    shard_model,
     train_step,
     wrap_data_parallel,
 )
@@ -63,9 +72,56 @@ def _report(plan: PlanResult, mode: Mode, device: str, steps: int, predicted: Fi
     )
 
 
-def simulate_rank(plan: PlanResult) -> ValidationReport:
-    """The rank with the most optimizer state, emulated in one process under fake tensors."""
+@contextmanager
+def fake_process_group(world_size: int) -> Iterator[Any]:
+    """Rank 0 of a ``world_size`` process group whose collectives do nothing; yields its mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ConfigError("simulate: a process group is already running (torchrun?); use --mode run under torchrun")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield init_device_mesh("cpu", (world_size,))  # outside FakeTensorMode: it reads its rank map
+    finally:
+        dist.destroy_process_group()
+
+
+def _simulate_fsdp(plan: PlanResult) -> int:
+    """Peak bytes of rank 0 running the plan's FSDP2 step under a fake process group."""
     model, training, knobs = plan.model.config, plan.training, plan.best.knobs
+    spec = precision_spec(knobs.precision)
+    rows = knobs.micro_batch_size * knobs.grad_accum_steps
+    with fake_process_group(knobs.data_parallel) as mesh, FakeTensorMode():
+        net = shard_model(configure_model(build_model(model, param_dtype(spec)), knobs), knobs, spec, mesh)
+        optimizer = make_optimizer(net, training)
+        ids = torch.randint(0, model.vocab_size, (rows, training.seq_len))
+        step_spec = compute_spec(knobs)
+
+        def step() -> None:
+            train_step(net, optimizer, ids, ids, knobs, step_spec)
+
+        step()
+        tracker = LiveStorageTracker()
+        tracker.track([*net.parameters(), *net.buffers(), ids, *optimizer_state(optimizer)])
+        with tracker:
+            tracker.reset_peak()
+            step()
+        return tracker.peak_bytes
+
+
+def simulate_rank(plan: PlanResult) -> ValidationReport:
+    """The rank with the most state, in one process under fake tensors (FSDP2 run on a fake
+    process group; DDP and ZeRO-1 emulated)."""
+    model, training, knobs = plan.model.config, plan.training, plan.best.knobs
+    predicted = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None,
+                                                                  "model_flops_per_step": None})
+    if knobs.zero_stage >= 2:
+        measured = Figures(peak_allocated_bytes=_simulate_fsdp(plan))
+        notes = (f"simulate: rank 0 of {knobs.data_parallel} running FSDP2 on a fake process group under fake "
+                 "tensors (collectives are no-ops on the real buffers); no communication time",)
+        return _report(plan, Mode.SIMULATE, "cpu (fake tensors, fake process group)", 1, predicted, [measured], notes,
+                       TOLERANCES[(Mode.SIMULATE, "cpu")])
     spec = precision_spec(knobs.precision)
     graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
     rows = knobs.micro_batch_size * knobs.grad_accum_steps
@@ -93,8 +149,6 @@ def simulate_rank(plan: PlanResult) -> ValidationReport:
         with tracker:
             tracker.reset_peak()
             step()
-    predicted = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None,
-                                                                  "model_flops_per_step": None})
     measured = Figures(peak_allocated_bytes=tracker.peak_bytes)
     notes = (f"simulate: rank with the largest optimizer partition of {knobs.data_parallel}, emulated in one process "
              "under fake tensors (gradients held as DDP's buckets, ZeRO-1 state of that rank only); no communication",)
@@ -120,14 +174,21 @@ def run_rank(plan: PlanResult, device: str, steps: int, profile: HardwareProfile
     torch.manual_seed(1234 + rank)
     with torch.device(dev):
         net = configure_model(build_model(model, param_dtype(spec)), knobs)
-    ddp = wrap_data_parallel(net, dev)
-    optimizer = make_optimizer(ddp, training, knobs.zero_stage)
+    if knobs.zero_stage >= 2:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        wrapped: torch.nn.Module = shard_model(net, knobs, spec, init_device_mesh(dev.type, (world,)))
+        optimizer = make_optimizer(wrapped, training)
+    else:
+        wrapped = wrap_data_parallel(net, dev)
+        optimizer = make_optimizer(wrapped, training, knobs.zero_stage)
+    step_spec = compute_spec(knobs)
     rows = knobs.micro_batch_size * knobs.grad_accum_steps
     ids = torch.randint(0, model.vocab_size, (rows, training.seq_len), device=dev)
     scaler = make_scaler(spec, dev.type)
 
     def step() -> None:
-        train_step(ddp, optimizer, ids, ids, knobs, spec, scaler)
+        train_step(wrapped, optimizer, ids, ids, knobs, step_spec, scaler)
 
     for _ in range(WARMUP_STEPS):
         step()

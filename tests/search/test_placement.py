@@ -16,32 +16,38 @@ import pytest
 
 from hardware.registry import load_hardware
 from planner.config import ModelConfig, TrainConfig
-from planner.estimate import cached_graph, device_bytes, static_for
+from planner.estimate import cached_graph, check_knobs, device_bytes, static_for
 from planner.knobs import Knobs
 from planner.memory import checkpoint_units, simulate_step
 from planner.placement import placement_profile
-from planner.precision import precision_spec
 from search.candidates import evaluate
 
 HW = load_hardware("h100-sxm")
 
 CASES = [
-    # family, precision, attention, accumulation, blocks, vocab (a large vocab puts the peak at the loss)
-    pytest.param("llama", "bf16-mixed", "flash", 2, 12, 20000, id="llama-12-blocks-autocast-big-vocab"),
-    pytest.param("llama", "fp32", "flash", 1, 9, 500, id="llama-9-fp32"),
-    pytest.param("gpt2", "bf16-true", "eager", 2, 8, 500, id="gpt2-8-eager-dropout"),
-    pytest.param("llama", "bf16-mixed", "eager", 3, 7, 8000, id="llama-7-eager-autocast"),
-    pytest.param("qwen2", "bf16-mixed", "flash", 1, 6, 3000, id="qwen2-6-autocast"),
+    # family, precision, attention, accumulation, blocks, vocab (a large vocab puts the peak at the
+    # loss), GPUs, ZeRO stage (2/3: FSDP2, whose last block differs from the others)
+    pytest.param("llama", "bf16-mixed", "flash", 2, 12, 20000, 1, 0, id="llama-12-blocks-autocast-big-vocab"),
+    pytest.param("llama", "fp32", "flash", 1, 9, 500, 1, 0, id="llama-9-fp32"),
+    pytest.param("gpt2", "bf16-true", "eager", 2, 8, 500, 1, 0, id="gpt2-8-eager-dropout"),
+    pytest.param("llama", "bf16-mixed", "eager", 3, 7, 8000, 1, 0, id="llama-7-eager-autocast"),
+    pytest.param("qwen2", "bf16-mixed", "flash", 1, 6, 3000, 1, 0, id="qwen2-6-autocast"),
+    pytest.param("llama", "bf16-mixed", "flash", 2, 8, 500, 4, 3, id="llama-8-fsdp-zero3-bf16-policy"),
+    pytest.param("llama", "fp32", "flash", 1, 7, 8000, 2, 2, id="llama-7-fsdp-zero2-fp32"),
+    pytest.param("gpt2", "bf16-true", "eager", 1, 6, 500, 8, 3, id="gpt2-6-fsdp-zero3-eager"),
+    pytest.param("llama", "fp32", "flash", 2, 6, 500, 4, 1, id="llama-6-zero1"),
 ]
+FIELDS = ("family", "precision", "attention", "accum", "n_layers", "vocab", "gpus", "stage")
 
 
-def _setup(family: str, precision: str, attention: str, accum: int, n_layers: int, vocab: int):  # noqa: ANN202
+def _setup(family: str, precision: str, attention: str, accum: int, n_layers: int, vocab: int,  # noqa: ANN202
+           gpus: int = 1, stage: int = 0):
     model = ModelConfig(family=family, n_layers=n_layers, d_model=128, n_heads=4, n_kv_heads=None if family == "gpt2" else 2,
                         d_ff=384, vocab_size=vocab, max_seq_len=256, attention=attention,
                         dropout=0.1 if family == "gpt2" else 0.0)
-    training = TrainConfig(seq_len=128, global_batch_size=2 * accum, optimizer_impl="fused")
-    knobs = Knobs(micro_batch_size=2, grad_accum_steps=accum, precision=precision)
-    graph = cached_graph(model, 2, 128, precision_spec(precision))
+    training = TrainConfig(seq_len=128, global_batch_size=2 * accum * gpus, optimizer_impl="fused")
+    knobs = Knobs(micro_batch_size=2, grad_accum_steps=accum, precision=precision, data_parallel=gpus, zero_stage=stage)
+    graph = cached_graph(model, 2, 128, check_knobs(model, training, HW, knobs))
     static = static_for(graph, HW, training, knobs)
     walked = {}
     for bits in itertools.product((0, 1), repeat=n_layers):
@@ -50,9 +56,11 @@ def _setup(family: str, precision: str, attention: str, accum: int, n_layers: in
     return model, training, knobs, graph, static, walked
 
 
-@pytest.mark.parametrize(("family", "precision", "attention", "accum", "n_layers", "vocab"), CASES)
-def test_solver_equals_brute_force(family: str, precision: str, attention: str, accum: int, n_layers: int, vocab: int) -> None:
-    model, training, knobs, graph, static, walked = _setup(family, precision, attention, accum, n_layers, vocab)
+@pytest.mark.parametrize(FIELDS, CASES)
+def test_solver_equals_brute_force(family: str, precision: str, attention: str, accum: int, n_layers: int, vocab: int,
+                                   gpus: int, stage: int) -> None:
+    model, training, knobs, graph, static, walked = _setup(family, precision, attention, accum, n_layers, vocab,
+                                                           gpus, stage)
     profile = placement_profile(graph, static, HW.round_alloc, accum)
     wrong = [bits for bits, peak in walked.items() if profile.peak(bits) != peak]
     assert not wrong, f"{len(wrong)} of {len(walked)} placements priced differently from the walk, e.g. {wrong[0]}"
@@ -69,7 +77,8 @@ def test_solver_equals_brute_force(family: str, precision: str, attention: str, 
     for _ in range(6):  # random caps: the point's choice is the fastest subset that fits
         cap = device_bytes(rng.randint(lowest, highest), HW)
         fitting = [bits for bits, peak in walked.items() if device_bytes(peak, HW) <= cap]
-        chosen = evaluate(model, training, HW, cap, 2, knobs.precision, allow_segments=False)
+        chosen = evaluate(model, training, HW, cap, 2, knobs.precision, allow_segments=False, data_parallel=gpus,
+                          zero_stage=stage)
         if not fitting:
             assert not chosen.fits
             continue

@@ -1,5 +1,5 @@
-"""Several GPUs in PyTorch: real 2-rank gloo runs (DDP, ZeRO-1) and the one-rank emulation
-against the planner's per-rank memory."""
+"""Several GPUs in PyTorch: real 2-rank gloo runs (DDP, ZeRO-1, FSDP2), FSDP2 on rank 0 of a fake
+process group and the one-rank DDP/ZeRO-1 emulation, against the planner's per-rank memory."""
 
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ def _plan(gpus: int, stage: int, accum: int = 2, precision: str = "fp32", blocks
     return api.estimate_plan(SMALL, training, "h100-sxm", knobs)
 
 
-@pytest.mark.parametrize(("stage", "accum"), [(0, 1), (1, 2)])
-def test_two_ranks_over_gloo(stage: int, accum: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stage", "accum", "precision"),
+                         [(0, 1, "fp32"), (1, 2, "fp32"), (2, 2, "fp32"), (3, 1, "bf16-mixed")])
+def test_two_ranks_over_gloo(stage: int, accum: int, precision: str, tmp_path: Path) -> None:
     """A real 2-rank CPU run (torchrun, gloo): every rank measured by the tracker, the largest
     within 5% of the predicted per-rank peak (issue 5 asks 5%; the planner is built to match)."""
-    plan = _plan(2, stage, accum=accum, blocks=(1,)).save(tmp_path / "plan.json")
+    plan = _plan(2, stage, accum=accum, precision=precision, blocks=(1,)).save(tmp_path / "plan.json")
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(29500 + stage),
          "-m", "validate", str(plan), "--mode", "run", "--device", "cpu", "--steps", "1", "--json"],
@@ -52,6 +53,39 @@ def test_one_rank_emulated(stage: int, gpus: int, accum: int) -> None:
     report = validate(_plan(gpus, stage, accum=accum, precision="bf16-mixed"), mode="simulate")
     assert report.passed, report.notes
     assert abs(report.errors["peak_allocated"]) < 0.03
+
+
+@pytest.mark.parametrize(("stage", "precision", "accum", "blocks"), [
+    (2, "fp32", 1, ()), (2, "bf16-mixed", 2, (0,)), (3, "bf16-mixed", 1, ()), (3, "fp32", 2, (1, 2)),
+    (3, "bf16-true", 2, ()),
+])
+@pytest.mark.parametrize("gpus", [2, 8, 64])
+def test_fsdp_rank_on_fake_process_group(stage: int, precision: str, accum: int, blocks: tuple[int, ...],
+                                         gpus: int) -> None:
+    """FSDP2 for real (fully_shard, MixedPrecisionPolicy, reduce-scatter every micro-batch) on rank
+    0 of a fake process group: the planner's per-rank peak within 0.5% (it is exact but for the
+    host-side AdamW step scalars the tracker sees and the shared ids/targets tensor)."""
+    report = validate(_plan(gpus, stage, accum=accum, precision=precision, blocks=blocks), mode="simulate")
+    assert report.passed, report.notes
+    assert abs(report.errors["peak_allocated"]) < 0.005
+
+
+def test_fsdp_units_follow_registration_order() -> None:
+    """The planner's FSDP2 units hold exactly the reference model's parameters, in the order
+    fully_shard registers them (the last one's gradient is the one freed late)."""
+    from planner.estimate import cached_graph, compute_spec, layout_for
+    from hardware.registry import load_hardware
+    from validate.reference_model import build_model
+
+    knobs = Knobs(micro_batch_size=2, precision="bf16-mixed", data_parallel=4, zero_stage=3)
+    graph = cached_graph(SMALL, 2, 128, compute_spec(knobs))
+    layout = layout_for(graph, knobs, load_hardware("h100-sxm"))
+    with torch.device("meta"):
+        net = build_model(SMALL, torch.float32)
+    blocks = {f"blocks.{i}": tuple(f"blocks.{i}.{n}" for n, _ in block.named_parameters())
+              for i, block in enumerate(net.blocks)}
+    root = tuple(n for n, _ in net.named_parameters() if not n.startswith("blocks."))
+    assert {u.name: u.params for u in layout.units} == {"root": root, **blocks}
 
 
 def test_run_without_torchrun_says_how() -> None:
