@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node sharing its fast links (default 8)")
     p.add_argument("--zero-stage", type=int, default=None,
-                   help="ZeRO stage with several GPUs: 0 DDP, 1 sharded optimizer state (searched if omitted)")
+                   help="ZeRO stage with several GPUs: 0 DDP, 1 sharded optimizer state (ZeroRedundancyOptimizer), "
+                        "2 FSDP2 with each block's params kept from forward to backward, 3 FSDP2 re-gathering them "
+                        "for backward (searched if omitted)")
     p.add_argument("--sampler", default="tpe", help="tpe (default), random or exhaustive")
     p.add_argument("--trials", type=int, default=30, help="sampler trials in this process (default 30)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same result)")

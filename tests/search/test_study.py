@@ -131,17 +131,20 @@ def test_segments_fit_where_per_block_checkpointing_cannot() -> None:
     optimizer=st.sampled_from(["adamw", "sgd", "sgd-momentum"]),
     impl=st.sampled_from(["foreach", "fused"]),
     blocks=st.sets(st.integers(0, 3)),
+    parallel=st.sampled_from([(1, 0), (2, 0), (4, 1), (2, 2), (4, 3), (64, 3)]),
 )
 def test_pruning_bound_never_exceeds_the_peak(family: str, n_layers: int, vocab: int, attention: str, micro: int,
-                                              precision: str, optimizer: str, impl: str, blocks: set[int]) -> None:
+                                              precision: str, optimizer: str, impl: str, blocks: set[int],
+                                              parallel: tuple[int, int]) -> None:
     """The search skips points whose lower bound exceeds the cap: the bound must hold for
     every placement, or a plan that fits could be skipped."""
     from planner.estimate import estimate, peak_lower_bound
 
     model = ModelConfig(family=family, n_layers=n_layers, d_model=64, n_heads=2, d_ff=256, vocab_size=vocab,
                         max_seq_len=256, attention=attention)
-    training = TrainConfig(seq_len=128, global_batch_size=4, optimizer=optimizer, optimizer_impl=impl)
+    gpus, stage = parallel
+    training = TrainConfig(seq_len=128, global_batch_size=4 * gpus, optimizer=optimizer, optimizer_impl=impl)
     knobs = api.Knobs(micro_batch_size=micro, grad_accum_steps=4 // micro, precision=precision,
-                      checkpoint_blocks=[b for b in blocks if b < n_layers])
+                      checkpoint_blocks=[b for b in blocks if b < n_layers], data_parallel=gpus, zero_stage=stage)
     hw = load_hardware("h100-sxm")
     assert peak_lower_bound(model, training, hw, knobs) <= estimate(model, training, hw, knobs).memory.peak_allocated_bytes
