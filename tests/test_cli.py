@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from planner.hardware_cli import main as hardware_main
 from hardware.registry import bundled_names, load_hardware
 from planner.cli import main as plan_main
+from planner.hardware_cli import main as hardware_main
 
 REPO = Path(__file__).resolve().parent.parent
 FIXED = ["--micro-batch", "2", "--precision", "fp32", "--checkpoint", "none"]

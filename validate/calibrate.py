@@ -1,6 +1,6 @@
 """``hardware calibrate``: measure this machine and write a profile ``plan --hardware`` accepts.
 
-Three figures are measured, each as the median of timed repetitions after warm-up:
+Three figures are measured, each as the fastest of timed repetitions after warm-up:
 
 - achievable matmul FLOP/s per precision, at model-like shapes ((tokens, D) @ (D, F) and friends;
   2 FLOPs per multiply-add);
@@ -36,7 +36,11 @@ CPU_SHAPES = ((1024, 512, 1536), (1024, 1024, 1024))
 
 
 def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int, min_seconds: float = 0.05) -> float:
-    """Median seconds per call over ``repeats`` batches sized to last about ``min_seconds``."""
+    """Seconds per call: the fastest of ``repeats`` batches sized to last about ``min_seconds``.
+
+    The fastest, not the median: a calibration measures what the device can do, and on a shared
+    machine a slower batch is another process's interference, not the device (the rule of
+    Python's ``timeit``)."""
     fn()
     sync()
     start = time.perf_counter()
@@ -51,7 +55,7 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int, min_se
             fn()
         sync()
         samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
+    return min(samples)
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:

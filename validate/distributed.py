@@ -158,7 +158,7 @@ def simulate_rank(plan: PlanResult) -> ValidationReport:
 
 def run_rank(plan: PlanResult, device: str, steps: int, profile: HardwareProfile | None = None) -> ValidationReport | None:
     """This rank's part of a torchrun validation; returns the report on rank 0, None elsewhere."""
-    knobs, model, training = plan.best.knobs, plan.model.config, plan.training
+    knobs = plan.best.knobs
     world = int(os.environ["WORLD_SIZE"])
     if world != knobs.data_parallel:
         raise ConfigError(f"torchrun: {world} processes, but the plan is for {knobs.data_parallel} GPUs; "
@@ -167,8 +167,20 @@ def run_rank(plan: PlanResult, device: str, steps: int, profile: HardwareProfile
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(dev)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
+    if dist.is_initialized():  # the caller owns the process group
+        return _rank_report(plan, dev, steps, profile)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
+    report = _rank_report(plan, dev, steps, profile)
+    # Leave together: a rank that exits while rank 0 still builds the report closes its sockets
+    # under gloo's background threads, which abort rank 0 (SIGABRT, "Connection closed by peer").
+    dist.barrier()
+    dist.destroy_process_group()
+    return report
+
+
+def _rank_report(plan: PlanResult, dev: torch.device, steps: int, profile: HardwareProfile | None) -> ValidationReport | None:
+    knobs, model, training = plan.best.knobs, plan.model.config, plan.training
+    world = dist.get_world_size()
     rank = dist.get_rank()
     spec = precision_spec(knobs.precision)
     torch.manual_seed(1234 + rank)

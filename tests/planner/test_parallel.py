@@ -71,7 +71,7 @@ def test_partition_is_torchs() -> None:
 
 @pytest.mark.parametrize("world", [2, 8, 64])
 def test_fsdp2_shard_sizes_are_torchs(world: int) -> None:
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh

@@ -15,10 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from planner.config import Family, ModelConfig
-from planner.model_io import list_presets, load_preset, model_from_hf_config
-from planner.params import count_params, param_tensors
-from validate.reference_model import build_model
+from planner.config import Family, ModelConfig  # noqa: E402
+from planner.model_io import list_presets, load_preset, model_from_hf_config  # noqa: E402
+from planner.params import count_params, param_tensors  # noqa: E402
+from validate.reference_model import build_model  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 HF_FIXTURES = ("gpt2", "llama", "mistral", "qwen2")

@@ -109,7 +109,7 @@ def test_free_knobs_are_searched(capsys: pytest.CaptureFixture[str]) -> None:
     times = [p["step_time_s"] for p in pareto]
     sizes = [p["device_bytes"] for p in pareto]
     assert times == sorted(times)
-    assert all(a > b for a, b in zip(sizes, sizes[1:])), sizes  # non-dominated: strictly smaller as it slows
+    assert all(a > b for a, b in zip(sizes, sizes[1:], strict=False)), sizes  # non-dominated: strictly smaller as it slows
     assert len(pareto) > 1  # on tiny-llama smaller micro-batches / checkpointing trade time for memory
     assert pareto[0]["step_time_s"] == pytest.approx(est["step_time_s"], rel=1e-9)  # the best is on the front
 
@@ -445,7 +445,7 @@ def test_two_processes_share_a_study(tmp_path: Path) -> None:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for proc, (_, err) in zip(procs, outputs):
+    for proc, (_, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err
         assert "Traceback" not in err
     results = [json.loads(out) for out, _ in outputs]

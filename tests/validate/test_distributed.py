@@ -36,7 +36,7 @@ def test_two_ranks_over_gloo(stage: int, accum: int, precision: str, tmp_path: P
     within 5% of the predicted per-rank peak (issue 5 asks 5%; the planner is built to match)."""
     plan = _plan(2, stage, accum=accum, precision=precision, blocks=(1,)).save(tmp_path / "plan.json")
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(29500 + stage),
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "validate", str(plan), "--mode", "run", "--device", "cpu", "--steps", "1", "--json"],
         capture_output=True, text=True, timeout=600, check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -73,8 +73,8 @@ def test_fsdp_rank_on_fake_process_group(stage: int, precision: str, accum: int,
 def test_fsdp_units_follow_registration_order() -> None:
     """The planner's FSDP2 units hold exactly the reference model's parameters, in the order
     fully_shard registers them (the last one's gradient is the one freed late)."""
-    from planner.estimate import cached_graph, compute_spec, layout_for
     from hardware.registry import load_hardware
+    from planner.estimate import cached_graph, compute_spec, layout_for
     from validate.reference_model import build_model
 
     knobs = Knobs(micro_batch_size=2, precision="bf16-mixed", data_parallel=4, zero_stage=3)
