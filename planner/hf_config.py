@@ -1,0 +1,191 @@
+"""Read a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2) as a ModelConfig.
+
+Keys a config.json may omit take transformers' own defaults (``_HF_DEFAULTS``; tests check them
+against the installed transformers). Every problem is a ``ConfigError`` naming the file and key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from hardware.validation import describe_validation_error
+from planner.config import Family, MlpKind, ModelConfig, PositionKind
+from planner.errors import ConfigError
+
+_HF_TYPES = ("gpt2", "llama", "mistral", "qwen2")
+
+# transformers' defaults (its GPT2Config / LlamaConfig / MistralConfig / Qwen2Config) for the keys
+# a config.json may omit; tests check these against the installed transformers.
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt2": {
+        "n_positions": 1024, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
+        "activation_function": "gelu_new", "resid_pdrop": 0.1,
+    },
+    "llama": {
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "hidden_act": "silu",
+        "attention_dropout": 0.0, "attention_bias": False, "mlp_bias": False, "rope_theta": 10000.0,
+    },
+    "mistral": {
+        "max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "hidden_act": "silu", "attention_dropout": 0.0, "rope_theta": 10000.0, "num_key_value_heads": 8,
+    },
+    "qwen2": {
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "hidden_act": "silu", "attention_dropout": 0.0, "rope_theta": 10000.0, "num_key_value_heads": 32,
+    },
+}
+
+# Activations priced as our MLP kinds. GPT-2's MLP is up -> GELU -> down: the tanh approximations
+# (gelu_new, gelu_pytorch_tanh, gelu_fast) are what the reference model runs, exact "gelu" has the
+# same shapes and cost. Llama-like MLPs are gated: silu (= swish) gives SwiGLU.
+_GPT2_ACTS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu"})
+_GATED_ACTS = frozenset({"silu", "swish"})
+
+
+def _hf_int(data: Mapping[str, Any], key: str, context: str, default: int | None = None) -> int:
+    value = data.get(key)
+    if value is None:
+        if default is not None:
+            return default
+        raise ConfigError(f"{context}: {key}: required field is missing")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{context}: {key}: expected a positive integer, got {value!r}")
+    return value
+
+
+def _hf_float(data: Mapping[str, Any], key: str, context: str, default: float) -> float:
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{context}: {key}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _hf_bool(data: Mapping[str, Any], key: str, context: str, default: bool) -> bool:
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"{context}: {key}: expected true or false, got {value!r}")
+    return value
+
+
+def _hf_rope_theta(data: Mapping[str, Any], context: str, default: float) -> float:
+    """Top-level ``rope_theta`` (transformers 4 files), else inside ``rope_parameters`` (transformers
+    5 nests it there) or ``rope_scaling``."""
+    if data.get("rope_theta") is not None:
+        return _hf_float(data, "rope_theta", context, default)
+    for key in ("rope_parameters", "rope_scaling"):
+        nested = data.get(key)
+        if isinstance(nested, Mapping) and nested.get("rope_theta") is not None:
+            return _hf_float(nested, "rope_theta", f"{context}: {key}", default)
+    return default
+
+
+def model_from_hf_config(
+    data: Mapping[str, Any], name: str = "custom", *, context: str = "transformers config"
+) -> ModelConfig:
+    """A ModelConfig from a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2).
+
+    Everything comes from the file; keys it omits take transformers' defaults for its model type.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{context}: expected a JSON object, got {type(data).__name__}")
+    model_type = data.get("model_type")
+    if model_type not in _HF_TYPES:
+        raise ConfigError(
+            f"{context}: model_type: {model_type!r} is not supported; supported model types: {', '.join(_HF_TYPES)}"
+        )
+    defaults = _HF_DEFAULTS[model_type]
+    if model_type == "gpt2":
+        n_layers = _hf_int(data, "n_layer", context)
+        d_model = _hf_int(data, "n_embd", context)
+        heads_key, n_heads = "n_head", _hf_int(data, "n_head", context)
+        kv_key, n_kv_heads = heads_key, n_heads
+        d_ff = _hf_int(data, "n_inner", context, default=4 * d_model)  # None: 4 * n_embd
+        max_seq_len = _hf_int(data, "n_positions", context, default=defaults["n_positions"])
+        act_key = "activation_function"
+        act = data.get(act_key) or defaults[act_key]
+        if not isinstance(act, str) or act not in _GPT2_ACTS:
+            raise ConfigError(
+                f"{context}: {act_key}: {act!r} is not supported for gpt2; use one of {', '.join(sorted(_GPT2_ACTS))}"
+            )
+        if _hf_bool(data, "add_cross_attention", context, False):
+            raise ConfigError(f"{context}: add_cross_attention: cross-attention is not supported (decoder-only models only)")
+        fields: dict[str, Any] = {
+            "mlp": MlpKind.GELU, "positions": PositionKind.LEARNED,
+            "qkv_bias": True, "attn_out_bias": True, "mlp_bias": True, "norm_bias": True,  # GPT-2 has every bias
+            "norm_eps": _hf_float(data, "layer_norm_epsilon", context, defaults["layer_norm_epsilon"]),
+            "dropout": _hf_float(data, "resid_pdrop", context, defaults["resid_pdrop"]),
+        }
+    else:
+        n_layers = _hf_int(data, "num_hidden_layers", context)
+        d_model = _hf_int(data, "hidden_size", context)
+        heads_key, n_heads = "num_attention_heads", _hf_int(data, "num_attention_heads", context)
+        kv_key = "num_key_value_heads"
+        if kv_key in data:  # null means one KV head per query head (MHA)
+            n_kv_heads = _hf_int(data, kv_key, context, default=n_heads)
+        else:  # absent: the config class's default (MistralConfig 8, Qwen2Config 32, LlamaConfig MHA)
+            n_kv_heads = defaults.get(kv_key) or n_heads
+        d_ff = _hf_int(data, "intermediate_size", context)
+        max_seq_len = _hf_int(data, "max_position_embeddings", context, default=defaults["max_position_embeddings"])
+        act = data.get("hidden_act") or defaults["hidden_act"]
+        if not isinstance(act, str) or act not in _GATED_ACTS:
+            raise ConfigError(
+                f"{context}: hidden_act: {act!r} is not supported; the gated MLP of {model_type} is priced as SwiGLU "
+                f"and needs one of {', '.join(sorted(_GATED_ACTS))}"
+            )
+        if model_type == "llama":
+            # LlamaAttention: attention_bias sets the bias of q, k, v AND o_proj; mlp_bias of gate/up/down
+            attn_bias = _hf_bool(data, "attention_bias", context, defaults["attention_bias"])
+            qkv_bias, out_bias = attn_bias, attn_bias
+            mlp_bias = _hf_bool(data, "mlp_bias", context, defaults["mlp_bias"])
+        elif model_type == "qwen2":
+            qkv_bias, out_bias, mlp_bias = True, False, False  # Qwen2Attention: q/k/v biased, o_proj not
+        else:
+            # MistralAttention/MistralMLP have no bias switch: transformers ignores attention_bias here
+            qkv_bias, out_bias, mlp_bias = False, False, False
+        fields = {
+            "mlp": MlpKind.SWIGLU, "positions": PositionKind.ROTARY,
+            "qkv_bias": qkv_bias, "attn_out_bias": out_bias, "mlp_bias": mlp_bias,
+            "norm_eps": _hf_float(data, "rms_norm_eps", context, defaults["rms_norm_eps"]),
+            "rope_theta": _hf_rope_theta(data, context, defaults["rope_theta"]),
+            "dropout": _hf_float(data, "attention_dropout", context, defaults["attention_dropout"]),
+        }
+    head_dim = data.get("head_dim")
+    if head_dim is not None and head_dim != d_model / n_heads:
+        raise ConfigError(
+            f"{context}: head_dim: {head_dim!r} differs from {'n_embd' if model_type == 'gpt2' else 'hidden_size'} / "
+            f"{heads_key} = {d_model} / {n_heads}; an explicit head dim is not supported"
+        )
+    if d_model % n_heads:
+        raise ConfigError(f"{context}: {heads_key}: hidden size {d_model} is not divisible by {n_heads} heads")
+    if n_heads % n_kv_heads:
+        raise ConfigError(f"{context}: {kv_key}: {n_heads} attention heads are not divisible by {n_kv_heads} KV heads")
+    raw = dict(
+        name=name, family=Family(model_type), n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+        n_kv_heads=n_kv_heads, d_ff=d_ff, vocab_size=_hf_int(data, "vocab_size", context), max_seq_len=max_seq_len,
+        tie_embeddings=_hf_bool(data, "tie_word_embeddings", context, defaults["tie_word_embeddings"]),
+        **fields,
+    )
+    try:
+        return ModelConfig.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, context)) from None
+
+
+def hf_name(data: Mapping[str, Any], path: Path | None) -> str:
+    """A label for a config.json: its ``_name_or_path``, else its folder (for config.json) or stem."""
+    label = data.get("_name_or_path")
+    if isinstance(label, str) and label.strip():
+        return label.rstrip("/").rsplit("/", 1)[-1]
+    if path is None:
+        return "custom"
+    if path.stem == "config" and path.resolve().parent.name:
+        return path.resolve().parent.name
+    return path.stem
