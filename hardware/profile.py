@@ -63,6 +63,9 @@ class HardwareProfile(BaseModel):
     runtime_reserve_bytes: int = Field(ge=0, description="CUDA context, cuBLAS/NCCL workspaces: memory a job cannot use")
     fragmentation_factor: float = Field(ge=1.0, le=2.0, description="reserved / allocated allowance of the caching allocator")
     alloc_granularity_bytes: int = Field(default=512, gt=0, description="allocator rounding of each tensor")
+    time_validation: str = Field(
+        default="", description="how this profile's step times compare with measured runs (docs/validation.md)"
+    )
     sources: tuple[Source, ...] = Field(min_length=1)
 
     @field_validator("hbm_bytes", "runtime_reserve_bytes", mode="before")

@@ -162,6 +162,8 @@ def time_table(result: PlanResult) -> Table:
         f"{est.tokens_per_s:,.0f} tok/s · MFU {est.mfu:.1%}",
     )
     table.add_row("limited by", f"{est.limiting_bound.value} (time-weighted over ops)", "")
+    checked = hw.time_validation or f"no measured runs compared on {hw.name} yet: a roofline estimate"
+    table.add_row("checked against", checked, "")
     return table
 
 

@@ -334,3 +334,15 @@ def test_hardware_show_bad_profile_subprocess(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(profile))
     result = run_module("-m", "planner.hardware_cli", "show", str(path))
     assert_one_line_error(result.returncode, result.stdout, result.stderr, "memory_efficiency")
+
+
+@pytest.mark.parametrize(("hardware", "needle"), [
+    ("a100-sxm-80gb", "torchtitan's published FSDP2 runs"),
+    ("l40s", "no measured runs compared on l40s yet"),
+])
+def test_time_table_says_what_the_step_time_was_checked_against(capsys: pytest.CaptureFixture[str], hardware: str,
+                                                                needle: str) -> None:
+    code, out, _ = plan(capsys, *TINY, "--hardware", hardware)
+    assert code == 0
+    assert "checked against" in out
+    assert needle in " ".join(out.replace("│", " ").split())
