@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hardware.errors import ConfigError
+from hardware.errors import ConfigError, PlannerError
 from hardware.profile import HardwareProfile
 from planner.estimate import cached_graph, compute_spec, estimate
 from planner.parallel import zero1_partition
@@ -51,6 +51,14 @@ from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport, judge
 from validate.run import WARMUP_STEPS, _cpu_times, _cuda_times, _predicted
 from validate.tracker import LiveStorageTracker
+
+
+class RankOutOfMemoryError(PlannerError):
+    """A torchrun rank ran out of device memory: the plan does not fit there. The rank stops with a
+    one-line message and exit status 1; torchrun then stops the other ranks (they wait in
+    collectives this rank will never join, so no report can be gathered)."""
+
+    exit_code = 1
 
 
 def launched_by_torchrun() -> bool:
@@ -167,10 +175,21 @@ def run_rank(plan: PlanResult, device: str, steps: int, profile: HardwareProfile
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(dev)
-    if dist.is_initialized():  # the caller owns the process group
-        return _rank_report(plan, dev, steps, profile)
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
-    report = _rank_report(plan, dev, steps, profile)
+    owned = not dist.is_initialized()  # else the caller owns the process group
+    if owned:
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
+    try:
+        report = _rank_report(plan, dev, steps, profile)
+    except torch.OutOfMemoryError:
+        allocated = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+        at = f" with {allocated / 2**30:.2f} GiB allocated" if allocated else ""
+        predicted = plan.best.estimate.memory.peak_allocated_bytes / 2**30
+        raise RankOutOfMemoryError(
+            f"rank {dist.get_rank()} of {world} ran out of memory{at} (predicted peak {predicted:.2f} GiB per rank): "
+            "the plan does not fit on this device; torchrun stops the other ranks"
+        ) from None
+    if not owned:
+        return report
     # Leave together: a rank that exits while rank 0 still builds the report closes its sockets
     # under gloo's background threads, which abort rank 0 (SIGABRT, "Connection closed by peer").
     dist.barrier()

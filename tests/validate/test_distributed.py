@@ -93,3 +93,30 @@ def test_run_without_torchrun_says_how() -> None:
 
     with pytest.raises(ConfigError, match="torchrun --nproc-per-node 4"):
         validate(_plan(4, 0), mode="run", device="cpu")
+
+
+def test_a_rank_out_of_memory_is_one_line_and_exit_status_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A torchrun rank that runs out of memory says so in one line and exits 1 (torchrun then stops
+    the others); CPU tensors never raise OutOfMemoryError, so the step raises it here."""
+    from validate import distributed
+    from validate.cli import main
+
+    plan = _plan(2, 3, precision="bf16-mixed").save(tmp_path / "plan.json")
+
+    def out_of_memory(*_: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(distributed, "_rank_report", out_of_memory)
+    code = main([str(plan), "--mode", "run", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert lines[0].startswith("validate: error: rank 1 of 2 ran out of memory (predicted peak ")
+    assert "the plan does not fit" in lines[0]
