@@ -25,7 +25,7 @@ from planner.advice import infeasible_message
 from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import estimate
-from planner.knobs import Knobs, parse_checkpoint_spec
+from planner.knobs import GradSync, Knobs, parse_checkpoint_spec
 from planner.model_io import Workload, resolve
 from planner.parallel import ParallelConfig, zero_stages
 from planner.params import count_params
@@ -87,6 +87,18 @@ def estimate_plan(
     )
 
 
+def _grad_sync(value: str | GradSync, gpus: int, zero_stage: int | None) -> GradSync:
+    """``--fsdp-grad-sync``, checked against the plan's sharding."""
+    try:
+        sync = GradSync(value)
+    except ValueError:
+        raise ConfigError(f"--fsdp-grad-sync: {value!r} is not a mode; use every or last") from None
+    if sync is GradSync.LAST and (gpus < 2 or (zero_stage is not None and zero_stage < 2)):
+        raise ConfigError("--fsdp-grad-sync: last applies to ZeRO-2/3 (FSDP2) on several GPUs; DDP and ZeRO-1 "
+                          "already reduce once per step (use --gpus N and --zero-stage 2 or 3, or leave it every)")
+    return sync
+
+
 def plan(
     model: ModelConfig,
     training: TrainConfig,
@@ -106,8 +118,12 @@ def plan(
     gpus: int = 1,
     gpus_per_node: int = 8,
     zero_stage: int | None = None,
+    fsdp_grad_sync: str | GradSync = GradSync.EVERY,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
+
+    ``fsdp_grad_sync`` ("every" or "last") is how ZeRO-2/3 plans accumulate gradients; it is
+    fixed, not searched.
 
     ``checkpoint`` is ``"none"``, ``"all"``, ``"0,2,5-9"`` or a list of block indices. Raises
     ``InfeasibleError`` (exit code 1 on the command line) when nothing fits, with the smallest
@@ -118,6 +134,7 @@ def plan(
     policies = _policies(precisions)
     blocks = _checkpoint_blocks(checkpoint, model.n_layers)
     parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=max(gpus_per_node, 1))
+    grad_sync = _grad_sync(fsdp_grad_sync, gpus, zero_stage)
     if (micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None
             and (gpus == 1 or zero_stage is not None)):
         zero_stages(training, gpus, gpus_per_node, zero_stage)
@@ -132,6 +149,7 @@ def plan(
             checkpoint_blocks=blocks,
             data_parallel=gpus,
             zero_stage=zero_stage or 0,
+            fsdp_grad_sync=grad_sync,
         )
         return estimate_plan(model, training, hw, knobs, hbm=cap, gpus_per_node=gpus_per_node)
 
@@ -139,7 +157,7 @@ def plan(
     from search.study import SamplerKind, SearchOptions, run_search
 
     space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, gpus_per_node,
-                        zero_stage)
+                        zero_stage, grad_sync)
     if sampler not in {k.value for k in SamplerKind}:
         raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {', '.join(k.value for k in SamplerKind)}")
     try:

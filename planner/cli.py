@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ZeRO stage with several GPUs: 0 DDP, 1 sharded optimizer state (ZeroRedundancyOptimizer), "
                         "2 FSDP2 with each block's params kept from forward to backward, 3 FSDP2 re-gathering them "
                         "for backward (searched if omitted)")
+    p.add_argument("--fsdp-grad-sync", default="every", metavar="{every,last}",
+                   help="ZeRO-2/3 with accumulation: reduce-scatter gradients after every micro-batch (default) or "
+                        "only the last (set_requires_gradient_sync(False) before the others: less traffic, every "
+                        "unsharded gradient held in the reduce dtype until then)")
     p.add_argument("--sampler", default="tpe", help="tpe (default), random or exhaustive")
     p.add_argument("--trials", type=int, default=30, help="sampler trials in this process (default 30)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same result)")
@@ -131,6 +135,7 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             gpus=args.gpus,
             gpus_per_node=args.gpus_per_node,
             zero_stage=args.zero_stage,
+            fsdp_grad_sync=args.fsdp_grad_sync,
         )
     except InfeasibleError as error:
         print(f"plan: {error}", file=sys.stderr)

@@ -216,8 +216,9 @@ def layout_for(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> FsdpLayo
     """FSDP2 units of ``graph`` (built by ``check_knobs``' compute precision) for ZeRO-2/3 knobs;
     shards keep the policy's parameter dtype (fp32 for bf16-mixed)."""
     stored = precision_spec(knobs.precision).param_dtype
-    return _LAYOUTS.get((graph, hw), (knobs.data_parallel, knobs.zero_stage, stored),
-                        lambda: fsdp_layout(graph, knobs.data_parallel, knobs.zero_stage, stored, hw.round_alloc))
+    return _LAYOUTS.get((graph, hw), (knobs.data_parallel, knobs.zero_stage, stored, knobs.fsdp_grad_sync),
+                        lambda: fsdp_layout(graph, knobs.data_parallel, knobs.zero_stage, stored, hw.round_alloc,
+                                            knobs.fsdp_grad_sync))
 
 
 def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs) -> StaticMemory:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from hardware.dtypes import DType
 from hardware.profile import HardwareProfile
 from planner.graph import LayerGraph
+from planner.knobs import GradSync
 from planner.memory_types import CATEGORIES, Category, Phase, StaticMemory, Timeline
 from planner.parallel import Communication, ParallelConfig, fsdp_shard_numel, ring_time_s
 from planner.precision import PrecisionPolicy
@@ -72,6 +73,8 @@ class ShardUnit:
     reduce_input_bytes: int  # RSin
     sharded_grad_bytes: int  # RSo = Gs
     last_grad_bytes: int  # the last parameter's unsharded gradient, freed one call late
+    accumulated_bytes: int = 0  # GradSync.LAST: unsharded gradients kept in the stored dtype, sum_p r(n_p o)
+    last_accumulated_bytes: int = 0  # the last parameter's share of it
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,13 @@ class FsdpLayout:
     stage: int
     world_size: int
     units: tuple[ShardUnit, ...]  # the root first, then the blocks in order
+    grad_sync: GradSync = GradSync.EVERY
+
+    @property
+    def upcasts_grads(self) -> bool:
+        """Under a MixedPrecisionPolicy the reduce dtype (the stored one) differs from the
+        compute dtype: unsharded gradients held across micro-batches are cast up to it."""
+        return any(u.gather_input_bytes for u in self.units)
 
     @property
     def root(self) -> ShardUnit:
@@ -92,7 +102,7 @@ class FsdpLayout:
 
 
 def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DType,
-                round_bytes: Callable[[int], int]) -> FsdpLayout:
+                round_bytes: Callable[[int], int], grad_sync: GradSync = GradSync.EVERY) -> FsdpLayout:
     """The units of ``graph`` (built in the compute precision) when sharded over ``world_size``
     ranks, parameters stored in ``stored_dtype`` (fp32 under a bf16 MixedPrecisionPolicy)."""
     if stage not in (2, 3) or world_size < 2:
@@ -123,8 +133,10 @@ def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DT
             reduce_input_bytes=round_bytes(world_size * total * o),
             sharded_grad_bytes=round_bytes(total * o),
             last_grad_bytes=round_bytes(specs[names[-1]].numel * c) if names else 0,
+            accumulated_bytes=sum(round_bytes(specs[n].numel * o) for n in names),
+            last_accumulated_bytes=round_bytes(specs[names[-1]].numel * o) if names else 0,
         ))
-    return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units))
+    return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units), grad_sync=grad_sync)
 
 
 def fsdp_static(layout: FsdpLayout, state_tensors_per_param: int, step_temporaries_per_param: int,
@@ -160,6 +172,9 @@ class _FsdpHooks(WalkHooks):
         self.entry = {position: block for block, position in first.items()}  # a block's first op
         self.exit = {position: block for block, position in last.items()}  # a block's last op
         self.reduced: set[str] = set()  # units whose sharded gradient exists
+        self.sync = True  # this micro-batch reduce-scatters (GradSync.LAST: only the last one)
+        self.held: dict[str, int] = {}  # unit -> bytes of unsharded gradients kept across micro-batches
+        self.held_params: set[str] = set()  # parameters whose unsharded .grad is kept (no upcast)
         self.held_gather = 0  # forward: the previous unit's all-gather output
         self.held_reduce = 0  # the previous unit's reduce-scatter input
         self.prefetched: dict[int, int] = {}  # block -> its all-gather output, gathered ahead
@@ -184,17 +199,47 @@ class _FsdpHooks(WalkHooks):
 
     def _post_backward(self, walk: Walk, unit: ShardUnit, op: str) -> None:
         live = walk.live
+        held = self.held.pop(unit.name, 0)
+        if held and self.layout.upcasts_grads:  # accumulate_unsharded_grad_if_needed: += and free
+            walk.release_grads(unit.params)
+        if not self.sync:
+            self._keep_grads(walk, unit, op, held)
+            return
         live.add(_PARAMS, -unit.unsharded_bytes)
         live.add(_TEMPORARIES, unit.reduce_input_bytes - self.held_reduce)
         self.held_reduce = unit.reduce_input_bytes
         live.observe(Phase.BACKWARD, op, event=f"reduce-scatter {unit.name}")
         walk.release_grads(unit.params)
-        live.add(_GRADS, unit.last_grad_bytes + unit.sharded_grad_bytes)
+        last = unit.last_grad_bytes
+        if held:  # the kept gradients are the reduce-scatter's input, freed like autograd's
+            live.add(_GRADS, -held)
+            self.held_params.difference_update(unit.params)
+            last = unit.last_accumulated_bytes if self.layout.upcasts_grads else unit.last_grad_bytes
+        live.add(_GRADS, last + unit.sharded_grad_bytes)
         live.observe(Phase.BACKWARD, op, event=f"reduce-scatter output {unit.name}")
-        live.add(_GRADS, -unit.last_grad_bytes)
+        live.add(_GRADS, -last)
         if unit.name in self.reduced:  # added into the existing sharded gradient
             live.add(_GRADS, -unit.sharded_grad_bytes)
         self.reduced.add(unit.name)
+
+    def _keep_grads(self, walk: Walk, unit: ShardUnit, op: str, held: int) -> None:
+        """Post-backward without gradient sync: reshard, then keep the unsharded gradients, cast
+        up to the reduce dtype one parameter at a time under a MixedPrecisionPolicy
+        (``to_accumulated_grad_if_needed``), else as the parameters' ``.grad``."""
+        live = walk.live
+        live.add(_PARAMS, -unit.unsharded_bytes)
+        if held:
+            self.held[unit.name] = held
+            return
+        if self.layout.upcasts_grads:
+            walk.release_grads(unit.params)
+            live.add(_GRADS, unit.accumulated_bytes + unit.last_grad_bytes)
+            live.observe(Phase.BACKWARD, op, event=f"gradients of {unit.name} cast to the reduce dtype")
+            live.add(_GRADS, -unit.last_grad_bytes)
+            self.held[unit.name] = unit.accumulated_bytes
+        else:
+            self.held[unit.name] = sum(walk.grad_bytes.pop(name, 0) for name in unit.params)
+            self.held_params.update(unit.params)
 
     # --- forward --------------------------------------------------------------------------------
     def forward_start(self, walk: Walk) -> None:
@@ -264,9 +309,15 @@ def simulate_fsdp_step(prep: Prepared, static: StaticMemory, units: dict[int, in
     hooks = _FsdpHooks(layout, prep)
     activations = logits = 0
     walk: Walk | None = None
-    for micro_batch in range(min(grad_accum_steps, 2)):  # later micro-batches repeat the second
+    if layout.grad_sync is GradSync.LAST:  # first, one middle (they repeat), last: the one that syncs
+        walked = [0, 1, grad_accum_steps - 1] if grad_accum_steps > 2 else list(range(grad_accum_steps))
+    else:  # later micro-batches repeat the second
+        walked = list(range(min(grad_accum_steps, 2)))
+    for micro_batch in walked:
         live.micro_batch = micro_batch
-        walk = Walk(prep, units, live, grads_exist=False, hooks=hooks, unit_grads=True)
+        hooks.sync = layout.grad_sync is GradSync.EVERY or micro_batch == grad_accum_steps - 1
+        walk = Walk(prep, units, live, grads_exist=False, hooks=hooks, unit_grads=True,
+                    held_grads=frozenset(hooks.held_params))
         activations, logits = walk.forward()
         walk.backward()
     live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
@@ -286,7 +337,8 @@ def fsdp_communication(layout: FsdpLayout, hw: HardwareProfile, parallel: Parall
     """Collectives of one step and what compute hides of them, per rank (ring model).
 
     Every micro-batch all-gathers every unit for its forward (stage 3: the blocks and the root
-    again for the backward) and reduce-scatters every unit's gradients. FSDP2 overlaps a unit's
+    again for the backward) and reduce-scatters every unit's gradients (``GradSync.LAST``: only
+    the last micro-batch reduce-scatters). FSDP2 overlaps a unit's
     all-gather with the previous unit's compute and a reduce-scatter with the next unit's
     backward, so per micro-batch the exposed time is the root's all-gather (nothing runs before
     it) and its reduce-scatter (nothing runs after it), plus whatever the collectives of the
@@ -301,16 +353,24 @@ def fsdp_communication(layout: FsdpLayout, hw: HardwareProfile, parallel: Parall
         return ring_time_s(sum(u.reduce_input_bytes for u in units), "reduce_scatter", hw, parallel, len(units))
 
     fwd_blocks, bwd_blocks = gather(blocks), gather(blocks) if layout.stage == 3 else 0.0
-    root_gather, root_scatter = gather([root]), scatter([root])
+    root_gather, root_scatter, block_scatter = gather([root]), scatter([root]), scatter(blocks)
     regather_root = root_gather if layout.stage == 3 else 0.0
-    exposed = (root_gather + max(0.0, fwd_blocks - forward_s)
-               + regather_root + max(0.0, bwd_blocks + scatter(blocks) - backward_s) + root_scatter)
-    total = root_gather + fwd_blocks + regather_root + bwd_blocks + scatter(blocks) + root_scatter
+    forward_exposed = root_gather + max(0.0, fwd_blocks - forward_s) + regather_root
+
+    def backward_exposed(scatters: float) -> float:
+        return max(0.0, bwd_blocks + scatters - backward_s)
+
+    gathers_total = root_gather + fwd_blocks + regather_root + bwd_blocks
+    scatters_total = block_scatter + root_scatter
+    # GradSync.LAST: only the last micro-batch reduce-scatters
+    syncing = 1 if layout.grad_sync is GradSync.LAST else grad_accum_steps
+    exposed = (grad_accum_steps * forward_exposed + (grad_accum_steps - syncing) * backward_exposed(0.0)
+               + syncing * (backward_exposed(block_scatter) + root_scatter))
     factor = (parallel.world_size - 1) / parallel.world_size
     gathered = sum(u.gather_output_bytes for u in layout.units) * (2 if layout.stage == 3 else 1)
-    moved = factor * (gathered + sum(u.reduce_input_bytes for u in layout.units))
-    return Communication(total_s=total * grad_accum_steps, exposed_s=exposed * grad_accum_steps,
-                         bytes_moved=moved * grad_accum_steps)
+    scattered = sum(u.reduce_input_bytes for u in layout.units)
+    return Communication(total_s=grad_accum_steps * gathers_total + syncing * scatters_total, exposed_s=exposed,
+                         bytes_moved=factor * (grad_accum_steps * gathered + syncing * scattered))
 
 
 def shard_fraction(layout: FsdpLayout, n_params: int) -> float:

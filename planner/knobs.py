@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from planner.precision import PrecisionPolicy
+
+
+class GradSync(StrEnum):
+    """When FSDP2 (ZeRO-2/3) reduce-scatters gradients during gradient accumulation."""
+
+    EVERY = "every"  # after every micro-batch; the sharded gradients accumulate (FSDP2's default)
+    LAST = "last"  # set_requires_gradient_sync(False) on all but the last micro-batch: every
+    # parameter's unsharded gradient (in the reduce dtype) is held until the last one reduces it
 
 
 class Knobs(BaseModel):
@@ -26,6 +35,9 @@ class Knobs(BaseModel):
     checkpoint_segments: tuple[tuple[int, int], ...] = Field(default=(), description="(first, last) segments")
     data_parallel: PositiveInt = 1
     zero_stage: int = Field(default=0, ge=0, le=3)
+    fsdp_grad_sync: GradSync = Field(
+        default=GradSync.EVERY, description="ZeRO-2/3: reduce-scatter after every micro-batch or only the last"
+    )
 
     @field_validator("checkpoint_blocks", mode="before")
     @classmethod
@@ -46,6 +58,9 @@ class Knobs(BaseModel):
             covered |= span
         if any(b < 0 for b in self.checkpoint_blocks):
             raise ValueError("checkpoint_blocks must be non-negative block indices")
+        if self.fsdp_grad_sync is GradSync.LAST and self.zero_stage < 2:
+            raise ValueError("fsdp_grad_sync 'last' applies to ZeRO-2/3 (FSDP2); DDP and ZeRO-1 already reduce "
+                             "gradients once per step")
         return self
 
     @property

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hardware.units import format_bytes, format_count
+from planner.knobs import GradSync
 from planner.memory import Category
 from planner.optimizer import optimizer_spec
 from planner.precision import precision_spec
@@ -78,8 +79,10 @@ def knobs_table(result: PlanResult) -> Table:
                2: "FSDP2 (everything sharded; each block's params gathered from its forward to its backward)",
                3: "FSDP2 (everything sharded; each block's params gathered for its forward and again for its backward)"}
         nodes = result.parallel.nodes
+        sync = ("; gradients reduce-scattered after the last micro-batch only (set_requires_gradient_sync), "
+                "every unsharded gradient held until then" if k.fsdp_grad_sync is GradSync.LAST else "")
         table.add_row("data parallel", f"{k.data_parallel} GPUs on {nodes} node{'s' if nodes > 1 else ''}, "
-                      f"ZeRO-{k.zero_stage}: {stages[k.zero_stage]}")
+                      f"ZeRO-{k.zero_stage}: {stages[k.zero_stage]}{sync}")
     return table
 
 
@@ -100,7 +103,9 @@ def memory_table(result: PlanResult) -> Table:
     per = f"{n} / {ranks}" if sharded else n
     table.add_row("parameters", f"{per} × {spec.param_bytes} B ({spec.param_dtype.value}"
                   + (" shards; gathered copies are in the peak)" if sharded else ")"), format_bytes(mem.params_bytes))
-    grads = ("sharded, reduce-scattered after every micro-batch" if sharded else
+    last_only = k.fsdp_grad_sync is GradSync.LAST
+    grads = (("sharded, reduce-scattered once per step; unsharded copies held between micro-batches are in the "
+              "peak" if last_only else "sharded, reduce-scattered after every micro-batch") if sharded else
              "DDP's buckets, the whole step" if ranks > 1 else spec.grad_dtype.value)
     table.add_row("gradients", f"{per} × {spec.grad_bytes} B ({grads})", format_bytes(mem.grads_bytes))
     state_per = f"{n} / {ranks}" if ranks > 1 and k.zero_stage >= 1 else n

@@ -144,10 +144,11 @@ class Walk:
     """One micro-batch: forward, then backward with recomputation, for a checkpoint placement.
 
     ``unit_grads``: parameter gradients are allocated afresh every micro-batch and freed by the
-    hooks (FSDP2 reduce-scatters and drops a unit's gradients at its post-backward)."""
+    hooks (FSDP2 reduce-scatters and drops a unit's gradients at its post-backward), except
+    ``held_grads``, which a previous micro-batch left allocated and this one adds into in place."""
 
     def __init__(self, prep: Prepared, units: dict[int, int], live: Live, grads_exist: bool,
-                 hooks: WalkHooks | None = None, unit_grads: bool = False) -> None:
+                 hooks: WalkHooks | None = None, unit_grads: bool = False, held_grads: frozenset[str] = frozenset()) -> None:
         self.p = prep
         self.live = live
         self.grads_exist = grads_exist and not unit_grads
@@ -164,7 +165,7 @@ class Walk:
         self.grad_buffer: list[int] = [0] * n  # tensor -> gradient buffer id (0: none)
         self.buffers: dict[int, list[int]] = {}  # id -> [bytes, category, refcount]
         self.next_buffer = 0
-        self.param_grads_seen: set[str] = set()
+        self.param_grads_seen: set[str] = set(held_grads)  # gradients a previous micro-batch left allocated
         self.recompute_flops = 0.0
         self.recomputed: list[int] = []
         self.unit_members: dict[int, list[int]] = {}

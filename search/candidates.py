@@ -27,7 +27,7 @@ from planner.estimate import (
     static_for,
     with_communication,
 )
-from planner.knobs import Knobs
+from planner.knobs import GradSync, Knobs
 from planner.memory import Timeline, checkpoint_units, recomputed_ops, simulate_step
 from planner.placement import NotDecomposableError, placement_profile
 from planner.precision import PrecisionPolicy
@@ -104,6 +104,7 @@ def evaluate(
     data_parallel: int = 1,
     zero_stage: int = 0,
     gpus_per_node: int = 8,
+    fsdp_grad_sync: GradSync = GradSync.EVERY,
 ) -> Evaluation:
     """The fastest plan at this point that fits ``cap_bytes`` (or the smallest one if none fits).
 
@@ -114,6 +115,7 @@ def evaluate(
         precision=precision,
         data_parallel=data_parallel,
         zero_stage=zero_stage,
+        fsdp_grad_sync=fsdp_grad_sync if zero_stage >= 2 else GradSync.EVERY,
     )
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})

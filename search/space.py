@@ -8,6 +8,7 @@ from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.fsdp import FSDP_PRECISIONS
+from planner.knobs import GradSync
 from planner.parallel import MODELLED_STAGES, zero_stages
 from planner.precision import PrecisionPolicy, precision_spec
 
@@ -25,6 +26,7 @@ class SearchSpace(BaseModel):
     micro_batch_sizes: tuple[int, ...]
     precisions: tuple[PrecisionPolicy, ...]
     zero_stages: tuple[int, ...] = (0,)
+    fsdp_grad_sync: GradSync = GradSync.EVERY  # fixed: how ZeRO-2/3 points accumulate gradients
     data_parallel: int = 1
     gpus_per_node: int = 8
     fixed_checkpoint: tuple[int, ...] | None = None
@@ -69,6 +71,7 @@ def build_space(
     gpus: int = 1,
     gpus_per_node: int = 8,
     zero_stage: int | None = None,
+    fsdp_grad_sync: GradSync = GradSync.EVERY,
 ) -> SearchSpace:
     """The space: micro-batches that divide each GPU's share of the global batch (accumulation
     derived), precisions the device runs, ZeRO stages on several GPUs; a knob given is fixed."""
@@ -103,7 +106,8 @@ def build_space(
                               f"{stages[0]} (FSDP2) as modelled; use {allowed}, or --zero-stage 0/1")
         chosen = runnable
     return SearchSpace(micro_batch_sizes=sizes, precisions=chosen, zero_stages=stages, data_parallel=gpus,
-                       gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks, allow_segments=allow_segments)
+                       gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks, allow_segments=allow_segments,
+                       fsdp_grad_sync=fsdp_grad_sync)
 
 
 __all__ = ["MODELLED_STAGES", "SearchSpace", "build_space", "divisors"]

@@ -150,7 +150,8 @@ def run_search(
         if key not in evaluations:
             evaluations[key] = evaluate(model, training, hw, cap_bytes, mb, PrecisionPolicy(precision),
                                         space.fixed_checkpoint, space.allow_segments, data_parallel=space.data_parallel,
-                                        zero_stage=zero_stage, gpus_per_node=space.gpus_per_node)
+                                        zero_stage=zero_stage, gpus_per_node=space.gpus_per_node,
+                                        fsdp_grad_sync=space.fsdp_grad_sync)
         return evaluations[key]
 
     def objective(trial: optuna.Trial) -> float:
@@ -200,7 +201,7 @@ def run_search(
             knobs = evaluate(model, training, hw, cap_bytes, knobs.micro_batch_size, knobs.precision,
                              space.fixed_checkpoint, space.allow_segments, prune=False,
                              data_parallel=space.data_parallel, zero_stage=knobs.zero_stage,
-                             gpus_per_node=space.gpus_per_node).knobs
+                             gpus_per_node=space.gpus_per_node, fsdp_grad_sync=space.fsdp_grad_sync).knobs
         closest = entry(knobs)
     stats = SearchStats(
         sampler=options.sampler.value,

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from planner.config import OptimizerImpl, OptimizerKind, TrainConfig
-from planner.knobs import Knobs
+from planner.knobs import GradSync, Knobs
 from planner.precision import PrecisionSpec
 from validate.reference_model import Transformer
 
@@ -129,14 +129,19 @@ def train_step(
 ) -> None:
     """One optimizer step over ``grad_accum_steps`` micro-batches sliced from the batch.
 
-    ``keep_grads`` zeroes the gradients in place instead of freeing them (default: under DDP)."""
+    ``keep_grads`` zeroes the gradients in place instead of freeing them (default: under DDP).
+    DDP reduces on the last micro-batch only (``no_sync`` on the others); FSDP2 after every one,
+    or with ``fsdp_grad_sync`` "last" only after the last (``set_requires_gradient_sync``)."""
     b = knobs.micro_batch_size
     device_type = input_ids.device.type
     ddp = hasattr(model, "no_sync")
+    fsdp_once = knobs.fsdp_grad_sync is GradSync.LAST and hasattr(model, "set_requires_gradient_sync")
     for micro in range(knobs.grad_accum_steps):
         rows = slice(micro * b, (micro + 1) * b)
-        last = not ddp or micro == knobs.grad_accum_steps - 1
-        sync = contextlib.nullcontext() if last else model.no_sync()  # type: ignore[operator]
+        final = micro == knobs.grad_accum_steps - 1
+        if fsdp_once:
+            model.set_requires_gradient_sync(final)  # type: ignore[operator]
+        sync = model.no_sync() if ddp and not final else contextlib.nullcontext()  # type: ignore[operator]
         with sync:
             with precision_context(spec, device_type):
                 loss = model(input_ids[rows], targets[rows]) / knobs.grad_accum_steps

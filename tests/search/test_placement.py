@@ -27,26 +27,30 @@ HW = load_hardware("h100-sxm")
 CASES = [
     # family, precision, attention, accumulation, blocks, vocab (a large vocab puts the peak at the
     # loss), GPUs, ZeRO stage (2/3: FSDP2, whose last block differs from the others)
-    pytest.param("llama", "bf16-mixed", "flash", 2, 12, 20000, 1, 0, id="llama-12-blocks-autocast-big-vocab"),
-    pytest.param("llama", "fp32", "flash", 1, 9, 500, 1, 0, id="llama-9-fp32"),
-    pytest.param("gpt2", "bf16-true", "eager", 2, 8, 500, 1, 0, id="gpt2-8-eager-dropout"),
-    pytest.param("llama", "bf16-mixed", "eager", 3, 7, 8000, 1, 0, id="llama-7-eager-autocast"),
-    pytest.param("qwen2", "bf16-mixed", "flash", 1, 6, 3000, 1, 0, id="qwen2-6-autocast"),
-    pytest.param("llama", "bf16-mixed", "flash", 2, 8, 500, 4, 3, id="llama-8-fsdp-zero3-bf16-policy"),
-    pytest.param("llama", "fp32", "flash", 1, 7, 8000, 2, 2, id="llama-7-fsdp-zero2-fp32"),
-    pytest.param("gpt2", "bf16-true", "eager", 1, 6, 500, 8, 3, id="gpt2-6-fsdp-zero3-eager"),
-    pytest.param("llama", "fp32", "flash", 2, 6, 500, 4, 1, id="llama-6-zero1"),
+    pytest.param("llama", "bf16-mixed", "flash", 2, 12, 20000, 1, 0, "every", id="llama-12-blocks-autocast-big-vocab"),
+    pytest.param("llama", "fp32", "flash", 1, 9, 500, 1, 0, "every", id="llama-9-fp32"),
+    pytest.param("gpt2", "bf16-true", "eager", 2, 8, 500, 1, 0, "every", id="gpt2-8-eager-dropout"),
+    pytest.param("llama", "bf16-mixed", "eager", 3, 7, 8000, 1, 0, "every", id="llama-7-eager-autocast"),
+    pytest.param("qwen2", "bf16-mixed", "flash", 1, 6, 3000, 1, 0, "every", id="qwen2-6-autocast"),
+    pytest.param("llama", "bf16-mixed", "flash", 2, 8, 500, 4, 3, "every", id="llama-8-fsdp-zero3-bf16-policy"),
+    pytest.param("llama", "fp32", "flash", 1, 7, 8000, 2, 2, "every", id="llama-7-fsdp-zero2-fp32"),
+    pytest.param("gpt2", "bf16-true", "eager", 1, 6, 500, 8, 3, "every", id="gpt2-6-fsdp-zero3-eager"),
+    pytest.param("llama", "fp32", "flash", 2, 6, 500, 4, 1, "every", id="llama-6-zero1"),
+    # reduce-scatter on the last micro-batch only: unsharded gradients held across micro-batches
+    pytest.param("llama", "bf16-mixed", "flash", 3, 7, 500, 4, 3, "last", id="llama-7-fsdp-zero3-sync-last-upcast"),
+    pytest.param("llama", "fp32", "flash", 2, 6, 8000, 2, 2, "last", id="llama-6-fsdp-zero2-sync-last"),
 ]
-FIELDS = ("family", "precision", "attention", "accum", "n_layers", "vocab", "gpus", "stage")
+FIELDS = ("family", "precision", "attention", "accum", "n_layers", "vocab", "gpus", "stage", "sync")
 
 
 def _setup(family: str, precision: str, attention: str, accum: int, n_layers: int, vocab: int,  # noqa: ANN202
-           gpus: int = 1, stage: int = 0):
+           gpus: int = 1, stage: int = 0, sync: str = "every"):
     model = ModelConfig(family=family, n_layers=n_layers, d_model=128, n_heads=4, n_kv_heads=None if family == "gpt2" else 2,
                         d_ff=384, vocab_size=vocab, max_seq_len=256, attention=attention,
                         dropout=0.1 if family == "gpt2" else 0.0)
     training = TrainConfig(seq_len=128, global_batch_size=2 * accum * gpus, optimizer_impl="fused")
-    knobs = Knobs(micro_batch_size=2, grad_accum_steps=accum, precision=precision, data_parallel=gpus, zero_stage=stage)
+    knobs = Knobs(micro_batch_size=2, grad_accum_steps=accum, precision=precision, data_parallel=gpus, zero_stage=stage,
+                  fsdp_grad_sync=sync)
     graph = cached_graph(model, 2, 128, check_knobs(model, training, HW, knobs))
     static = static_for(graph, HW, training, knobs)
     walked = {}
@@ -58,9 +62,9 @@ def _setup(family: str, precision: str, attention: str, accum: int, n_layers: in
 
 @pytest.mark.parametrize(FIELDS, CASES)
 def test_solver_equals_brute_force(family: str, precision: str, attention: str, accum: int, n_layers: int, vocab: int,
-                                   gpus: int, stage: int) -> None:
+                                   gpus: int, stage: int, sync: str) -> None:
     model, training, knobs, graph, static, walked = _setup(family, precision, attention, accum, n_layers, vocab,
-                                                           gpus, stage)
+                                                           gpus, stage, sync)
     profile = placement_profile(graph, static, HW.round_alloc, accum)
     wrong = [bits for bits, peak in walked.items() if profile.peak(bits) != peak]
     assert not wrong, f"{len(wrong)} of {len(walked)} placements priced differently from the walk, e.g. {wrong[0]}"
@@ -78,7 +82,7 @@ def test_solver_equals_brute_force(family: str, precision: str, attention: str, 
         cap = device_bytes(rng.randint(lowest, highest), HW)
         fitting = [bits for bits, peak in walked.items() if device_bytes(peak, HW) <= cap]
         chosen = evaluate(model, training, HW, cap, 2, knobs.precision, allow_segments=False, data_parallel=gpus,
-                          zero_stage=stage)
+                          zero_stage=stage, fsdp_grad_sync=knobs.fsdp_grad_sync)
         if not fitting:
             assert not chosen.fits
             continue

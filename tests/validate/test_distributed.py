@@ -22,19 +22,21 @@ SMALL = ModelConfig(family="llama", name="small-llama", n_layers=3, d_model=128,
                     d_ff=344, vocab_size=2048, max_seq_len=256)
 
 
-def _plan(gpus: int, stage: int, accum: int = 2, precision: str = "fp32", blocks: tuple[int, ...] = ()) -> api.PlanResult:
+def _plan(gpus: int, stage: int, accum: int = 2, precision: str = "fp32", blocks: tuple[int, ...] = (),
+          sync: str = "every", model: ModelConfig = SMALL) -> api.PlanResult:
     training = TrainConfig(seq_len=128, global_batch_size=2 * accum * gpus)
     knobs = Knobs(micro_batch_size=2, grad_accum_steps=accum, precision=precision, data_parallel=gpus,
-                  zero_stage=stage, checkpoint_blocks=blocks)
-    return api.estimate_plan(SMALL, training, "h100-sxm", knobs)
+                  zero_stage=stage, checkpoint_blocks=blocks, fsdp_grad_sync=sync)
+    return api.estimate_plan(model, training, "h100-sxm", knobs)
 
 
-@pytest.mark.parametrize(("stage", "accum", "precision"),
-                         [(0, 1, "fp32"), (1, 2, "fp32"), (2, 2, "fp32"), (3, 1, "bf16-mixed")])
-def test_two_ranks_over_gloo(stage: int, accum: int, precision: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stage", "accum", "precision", "sync"),
+                         [(0, 1, "fp32", "every"), (1, 2, "fp32", "every"), (2, 2, "fp32", "every"),
+                          (3, 1, "bf16-mixed", "every"), (3, 3, "bf16-mixed", "last")])
+def test_two_ranks_over_gloo(stage: int, accum: int, precision: str, sync: str, tmp_path: Path) -> None:
     """A real 2-rank CPU run (torchrun, gloo): every rank measured by the tracker, the largest
     within 5% of the predicted per-rank peak (issue 5 asks 5%; the planner is built to match)."""
-    plan = _plan(2, stage, accum=accum, precision=precision, blocks=(1,)).save(tmp_path / "plan.json")
+    plan = _plan(2, stage, accum=accum, precision=precision, blocks=(1,), sync=sync).save(tmp_path / "plan.json")
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "validate", str(plan), "--mode", "run", "--device", "cpu", "--steps", "1", "--json"],
@@ -68,6 +70,29 @@ def test_fsdp_rank_on_fake_process_group(stage: int, precision: str, accum: int,
     report = validate(_plan(gpus, stage, accum=accum, precision=precision, blocks=blocks), mode="simulate")
     assert report.passed, report.notes
     assert abs(report.errors["peak_allocated"]) < 0.005
+
+
+# a vocabulary this small puts the peak where the held gradients are, not at the logits
+SMALL_VOCAB = SMALL.model_copy(update={"vocab_size": 512, "n_layers": 4})
+
+
+@pytest.mark.parametrize(("stage", "precision", "accum", "blocks"), [
+    (2, "bf16-mixed", 2, ()), (3, "bf16-mixed", 3, (1,)), (2, "fp32", 3, ()), (3, "fp32", 2, (0, 2)),
+    (3, "bf16-true", 3, ()),
+])
+@pytest.mark.parametrize("gpus", [2, 64])
+def test_fsdp_gradient_sync_on_the_last_micro_batch(stage: int, precision: str, accum: int, blocks: tuple[int, ...],
+                                                    gpus: int) -> None:
+    """``set_requires_gradient_sync(False)`` on all but the last micro-batch, for real on the fake
+    process group: unsharded gradients held across micro-batches (cast up to fp32 under the bf16
+    policy) and one reduce-scatter per step; the planner's peak within 0.5% (observed <0.2%)."""
+    every = _plan(gpus, stage, accum=accum, precision=precision, blocks=blocks, model=SMALL_VOCAB)
+    last = _plan(gpus, stage, accum=accum, precision=precision, blocks=blocks, sync="last", model=SMALL_VOCAB)
+    report = validate(last, mode="simulate")
+    assert report.passed, report.notes
+    assert abs(report.errors["peak_allocated"]) < 0.005
+    # holding every unsharded gradient costs more than the sharded ones it replaces
+    assert last.best.estimate.memory.peak_allocated_bytes > every.best.estimate.memory.peak_allocated_bytes
 
 
 def test_fsdp_units_follow_registration_order() -> None:
