@@ -118,3 +118,48 @@ def test_what_fsdp2_does_not_run_is_refused(update: dict, field: str) -> None:
     knobs = Knobs(micro_batch_size=4, data_parallel=8, zero_stage=3, **update)
     with pytest.raises(ConfigError, match=field):
         estimate(PROBE, TrainConfig(seq_len=256, global_batch_size=32), HW, knobs)
+
+
+def test_gradient_sync_on_the_last_micro_batch_moves_one_reduce_scatter_per_step() -> None:
+    """``fsdp_grad_sync="last"``: every micro-batch still all-gathers, only the last one
+    reduce-scatters, so the step moves (A gathers + 1 reduce-scatter), not A of each."""
+    _, _, every = _layout(PROBE, "bf16-mixed", 8, stage=3)
+    knobs = Knobs(micro_batch_size=4, precision="bf16-mixed", data_parallel=8, zero_stage=3, fsdp_grad_sync="last")
+    layout = layout_for(cached_graph(PROBE, 4, 256, compute_spec(knobs)), knobs, HW)
+    parallel = ParallelConfig(world_size=8)
+    factor = 7 / 8
+    gathered = 2 * sum(u.gather_output_bytes for u in layout.units)  # stage 3: forward and backward
+    scattered = sum(u.reduce_input_bytes for u in layout.units)
+    last = fsdp_communication(layout, HW, parallel, 4, 10.0, 20.0)
+    assert last.bytes_moved == pytest.approx(factor * (4 * gathered + scattered))
+    per_micro_batch = fsdp_communication(every, HW, parallel, 4, 10.0, 20.0)
+    assert per_micro_batch.bytes_moved == pytest.approx(factor * 4 * (gathered + scattered))
+    assert last.exposed_s <= per_micro_batch.exposed_s and last.total_s < per_micro_batch.total_s
+    one = fsdp_communication(layout, HW, parallel, 1, 10.0, 20.0)  # nothing to accumulate: the same
+    assert one.bytes_moved == pytest.approx(fsdp_communication(every, HW, parallel, 1, 10.0, 20.0).bytes_moved)
+
+
+def test_holding_unsharded_gradients_costs_the_full_models_gradients() -> None:
+    """Without a policy the held gradients are the parameters' own .grad: the peak grows by about
+    the whole model's gradients less the shards they replace (docs section 4.9)."""
+    training = TrainConfig(seq_len=256, global_batch_size=64)
+    every, last = (estimate(PROBE, training, HW, Knobs(micro_batch_size=4, grad_accum_steps=2, data_parallel=8,
+                                                       zero_stage=3, precision="fp32", fsdp_grad_sync=sync))
+                   for sync in ("every", "last"))
+    grads = 4 * api.summarize_model(PROBE).n_params
+    grown = last.memory.peak_allocated_bytes - every.memory.peak_allocated_bytes
+    assert grads / 8 < grown <= grads * 1.01
+
+
+@pytest.mark.parametrize(("call", "needle"), [
+    ({"gpus": 1}, "--fsdp-grad-sync"),
+    ({"gpus": 8, "zero_stage": 1}, "--fsdp-grad-sync"),
+    ({"gpus": 8, "zero_stage": 3, "value": "sometimes"}, "not a mode"),
+])
+def test_gradient_sync_mode_is_checked(call: dict, needle: str) -> None:
+    model, training = api.load_model("tiny-llama", global_batch_size=16)
+    with pytest.raises(ConfigError, match=needle):
+        api.plan(model, training, HW, micro_batch_size=2, precisions=["fp32"], checkpoint="none",
+                 gpus=call["gpus"], zero_stage=call.get("zero_stage"), fsdp_grad_sync=call.get("value", "last"))
+    with pytest.raises(ValueError, match="fsdp_grad_sync"):
+        Knobs(micro_batch_size=2, data_parallel=8, zero_stage=1, fsdp_grad_sync="last")

@@ -110,3 +110,19 @@ def test_cli_flags_and_plan_file(tmp_path, capsys: pytest.CaptureFixture[str]) -
     assert "PASS" in capsys.readouterr().out
     assert validate_main([str(out), "--mode", "run", "--device", "cpu"]) == 2  # needs torchrun
     assert "torchrun --nproc-per-node 4" in capsys.readouterr().err
+
+
+def test_cli_gradient_sync_on_the_last_micro_batch(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    """--fsdp-grad-sync last reaches the plan file, the search keeps it on its ZeRO-2/3 points, and
+    the plan it writes validates (FSDP2 on a fake process group, held gradients included)."""
+    out = tmp_path / "plan.json"
+    code = plan_main(["--model", "tiny-llama", "--gpus", "2", "--zero-stage", "3", "--global-batch", "8",
+                      "--micro-batch", "1", "--fsdp-grad-sync", "last", "--out", str(out), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    knobs = data["best"]["knobs"]
+    assert knobs["fsdp_grad_sync"] == "last" and knobs["grad_accum_steps"] == 4
+    from validate.cli import main as validate_main
+
+    assert validate_main([str(out), "--mode", "simulate"]) == 0
+    assert "PASS" in capsys.readouterr().out
