@@ -41,7 +41,11 @@ def test_two_ranks_over_gloo(stage: int, accum: int, precision: str, sync: str, 
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "validate", str(plan), "--mode", "run", "--device", "cpu", "--steps", "1", "--json"],
         capture_output=True, text=True, timeout=600, check=False, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
+    if done.returncode != 0:  # the failing rank's own lines first: torchrun's summary alone says little
+        lines = done.stderr.splitlines()
+        causes = [line for line in lines if any(w in line for w in ("Error", "error:", "Signal", "what()", "terminate"))]
+        pytest.fail(f"torchrun exited {done.returncode}:\n" + "\n".join(causes[-20:]) + "\n--- stderr tail ---\n"
+                    + "\n".join(lines[-30:]))
     report = json.loads(done.stdout[done.stdout.index("{"):])
     assert len(report["per_rank"]) == 2
     assert abs(report["errors"]["peak_allocated"]) < 0.05
