@@ -122,6 +122,7 @@ EXAMPLES = [
     ["examples/precision_table.py", "--model", "tiny-gpt2", "--device", "a100-sxm-80gb"],
     ["examples/seq_len_sweep.py", "--model", "tiny-llama", "--lengths", "64,128", "--global-batch", "8",
      "--device", "l4", "--out", "{tmp}/sweep.png"],
+    ["examples/zero_stages.py", "--model", "tiny-llama", "--gpus", "4", "--global-batch", "16"],
 ]
 
 
