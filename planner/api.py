@@ -90,7 +90,7 @@ def estimate_plan(
 def _grad_sync(value: str | GradSync, gpus: int, zero_stage: int | None) -> GradSync:
     """``--fsdp-grad-sync``, checked against the plan's sharding."""
     try:
-        sync = GradSync(value)
+        sync = GradSync(value.strip().lower() if isinstance(value, str) else value)
     except ValueError:
         raise ConfigError(f"--fsdp-grad-sync: {value!r} is not a mode; use every or last") from None
     if sync is GradSync.LAST and (gpus < 2 or (zero_stage is not None and zero_stage < 2)):
@@ -172,7 +172,7 @@ def plan(
         closest = PlanResult(model=summarize_model(model), training=training, hardware=hw, hbm_cap_bytes=cap,
                              parallel=parallel, best=outcome.closest, search=outcome.stats)
         raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, _scale_out(
-            model, training, hw, cap, space.precisions, gpus, gpus_per_node)), closest=closest)
+            model, training, hw, cap, space.precisions, gpus, gpus_per_node, grad_sync)), closest=closest)
     return PlanResult(
         model=summarize_model(model),
         training=training,
@@ -187,16 +187,18 @@ def plan(
 
 
 def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap: int,
-               precisions: tuple[PrecisionPolicy, ...], gpus: int, gpus_per_node: int) -> str | None:
+               precisions: tuple[PrecisionPolicy, ...], gpus: int, gpus_per_node: int,
+               grad_sync: GradSync = GradSync.EVERY) -> str | None:
     """"N GPUs with ZeRO-s would hold it" for the fewest N above ``gpus``, or None."""
     from search.scaling import fewest_gpus
 
-    found = fewest_gpus(model, training, hw, cap, precisions, gpus_per_node, start=gpus)
+    found = fewest_gpus(model, training, hw, cap, precisions, gpus_per_node, start=gpus, fsdp_grad_sync=grad_sync)
     if found is None:
         return None
     n, knobs = found
+    flag = " --fsdp-grad-sync last" if knobs.fsdp_grad_sync is GradSync.LAST else ""
     return (f"it fits on {n} GPUs with ZeRO-{knobs.zero_stage} ({knobs.precision.value}, micro-batch "
-            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}")
+            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}{flag}")
 
 
 def validate(

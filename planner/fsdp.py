@@ -75,6 +75,7 @@ class ShardUnit:
     last_grad_bytes: int  # the last parameter's unsharded gradient, freed one call late
     accumulated_bytes: int = 0  # GradSync.LAST: unsharded gradients kept in the stored dtype, sum_p r(n_p o)
     last_accumulated_bytes: int = 0  # the last parameter's share of it
+    upcast_peak_bytes: int = 0  # most gradient bytes while they are cast up one by one (see _upcast_peak)
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,16 @@ def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DT
             last_grad_bytes=round_bytes(specs[names[-1]].numel * c) if names else 0,
             accumulated_bytes=sum(round_bytes(specs[n].numel * o) for n in names),
             last_accumulated_bytes=round_bytes(specs[names[-1]].numel * o) if names else 0,
+            upcast_peak_bytes=_upcast_peak([round_bytes(specs[n].numel * o) for n in names],
+                                           [round_bytes(specs[n].numel * c) for n in names]),
         ))
     return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units), grad_sync=grad_sync)
+
+
+def _upcast_peak(upcast: list[int], compute: list[int]) -> int:
+    """``to_accumulated_grad_if_needed`` runs parameter by parameter: casting the k-th, its fp32
+    copy and every earlier one exist along with its own and every later bf16 gradient."""
+    return max((sum(upcast[:k + 1]) + sum(compute[k:]) for k in range(len(upcast))), default=0)
 
 
 def fsdp_static(layout: FsdpLayout, state_tensors_per_param: int, step_temporaries_per_param: int,
@@ -233,9 +242,9 @@ class _FsdpHooks(WalkHooks):
             return
         if self.layout.upcasts_grads:
             walk.release_grads(unit.params)
-            live.add(_GRADS, unit.accumulated_bytes + unit.last_grad_bytes)
+            live.add(_GRADS, unit.upcast_peak_bytes)
             live.observe(Phase.BACKWARD, op, event=f"gradients of {unit.name} cast to the reduce dtype")
-            live.add(_GRADS, -unit.last_grad_bytes)
+            live.add(_GRADS, unit.accumulated_bytes - unit.upcast_peak_bytes)
             self.held[unit.name] = unit.accumulated_bytes
         else:
             self.held[unit.name] = sum(walk.grad_bytes.pop(name, 0) for name in unit.params)

@@ -53,10 +53,10 @@ from validate.run import WARMUP_STEPS, _cpu_times, _cuda_times, _predicted
 from validate.tracker import LiveStorageTracker
 
 
-class RankOutOfMemoryError(PlannerError):
-    """A torchrun rank ran out of device memory: the plan does not fit there. The rank stops with a
-    one-line message and exit status 1; torchrun then stops the other ranks (they wait in
-    collectives this rank will never join, so no report can be gathered)."""
+class RankFailedError(PlannerError):
+    """A torchrun rank ran out of device memory (the plan does not fit there) or its process
+    group failed. The rank stops with a one-line message and exit status 1; torchrun then stops
+    the other ranks (they wait in collectives this rank will never join: no report is gathered)."""
 
     exit_code = 1
 
@@ -184,10 +184,14 @@ def run_rank(plan: PlanResult, device: str, steps: int, profile: HardwareProfile
         allocated = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
         at = f" with {allocated / 2**30:.2f} GiB allocated" if allocated else ""
         predicted = plan.best.estimate.memory.peak_allocated_bytes / 2**30
-        raise RankOutOfMemoryError(
+        raise RankFailedError(
             f"rank {dist.get_rank()} of {world} ran out of memory{at} (predicted peak {predicted:.2f} GiB per rank): "
             "the plan does not fit on this device; torchrun stops the other ranks"
         ) from None
+    except dist.DistError as error:  # NCCL/gloo failures (a collective that cannot allocate, a lost peer)
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise RankFailedError(f"rank {dist.get_rank()} of {world}: {type(error).__name__}: {first}; "
+                                   "torchrun stops the other ranks") from None
     if not owned:
         return report
     # Leave together: a rank that exits while rank 0 still builds the report closes its sockets

@@ -126,3 +126,16 @@ def test_cli_gradient_sync_on_the_last_micro_batch(tmp_path, capsys: pytest.Capt
 
     assert validate_main([str(out), "--mode", "simulate"]) == 0
     assert "PASS" in capsys.readouterr().out
+
+
+def test_scale_out_advice_keeps_the_gradient_sync_mode() -> None:
+    """With --fsdp-grad-sync last the fewest-GPU advice is priced in that mode, at ZeRO-2/3 only."""
+    model, training = api.load_model("tiny-llama", global_batch_size=16)
+    smallest = api.plan(model, training, "h100-sxm", gpus=2, zero_stage=3, precisions=["fp32"], micro_batch_size=1,
+                        checkpoint="all", fsdp_grad_sync="last")
+    cap = smallest.best.estimate.memory.device_bytes - 1  # nothing fits on 2 GPUs any more
+    with pytest.raises(api.InfeasibleError) as caught:
+        api.plan(model, training, "h100-sxm", hbm=cap, gpus=2, zero_stage=3, precisions=["fp32"],
+                 fsdp_grad_sync="LAST")
+    message = str(caught.value)
+    assert "--fsdp-grad-sync last" in message and ("--zero-stage 2" in message or "--zero-stage 3" in message)

@@ -149,3 +149,25 @@ def test_a_rank_out_of_memory_is_one_line_and_exit_status_1(tmp_path: Path, monk
     assert len(lines) == 1 and "Traceback" not in err
     assert lines[0].startswith("validate: error: rank 1 of 2 ran out of memory (predicted peak ")
     assert "the plan does not fit" in lines[0]
+
+
+def test_a_rank_whose_process_group_fails_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """NCCL or gloo failing in a collective (say, it cannot allocate) is one line too, not a traceback."""
+    from validate import distributed
+    from validate.cli import main
+
+    plan = _plan(2, 3, precision="bf16-mixed").save(tmp_path / "plan.json")
+
+    def broken(*_: object) -> None:
+        raise distributed.dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1, unhandled cuda error\nmore")
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(distributed, "_rank_report", broken)
+    assert main([str(plan), "--mode", "run", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("validate: error: rank 0 of 2: DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled "
+                   "cuda error; torchrun stops the other ranks")
