@@ -14,7 +14,7 @@ micro-batch 4), in fp32 and in bf16 mixed precision, it measures rank 0 of a fak
   False / True, without and with ``MixedPrecisionPolicy(bf16 params, fp32 reduce)``;
 
 one steady-state step (the second: optimizer state exists, ``zero_grad(set_to_none=True)``),
-counted by ``validate.tracker.LiveStorageTracker`` made DTensor-aware (``ShardAwareTracker``).
+counted by ``validate.tracker.LiveStorageTracker`` (it counts a DTensor through its local shard).
 "bf16" means autocast (the project's ``bf16-mixed``) for stages 0/1 and FSDP2's
 ``MixedPrecisionPolicy`` (no autocast) for stages 2/3. Extras at N = 8: DDP without bucket views
 and with ``zero_grad(set_to_none=False)`` (what ``validate.apply.train_step`` does for DDP),
@@ -83,27 +83,6 @@ def r(n_bytes: int) -> int:
 # ----------------------------------------------------------------------------------------------
 # Measuring
 # ----------------------------------------------------------------------------------------------
-
-class ShardAwareTracker(LiveStorageTracker):
-    """``LiveStorageTracker`` that counts a DTensor through its local tensor.
-
-    A DTensor is a wrapper subclass: its own storage reports the *global* nbytes (and has no
-    data), while the memory is its ``_local_tensor``. The plain tracker counts the wrapper, so a
-    sharded parameter or Adam moment shows up at full size ([1000, 128] for a [250, 128] shard).
-    Ops the DTensor runs on its local tensors happen inside the mode's handler (modes are
-    disabled there), so the local results are only reachable through the wrapper: count those.
-    """
-
-    def _add(self, tensor: torch.Tensor) -> None:
-        if is_traceable_wrapper_subclass(tensor):
-            attrs, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
-            for attr in attrs:
-                inner = getattr(tensor, attr)
-                if isinstance(inner, torch.Tensor):
-                    self._add(inner)
-            return
-        super()._add(tensor)
-
 
 def storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
     """Rounded bytes of the distinct storages behind ``tensors`` (DTensors through their shard)."""
@@ -484,7 +463,7 @@ def run_baseline(dtype: torch.dtype, precision: str, policy: Sequence[str], accu
     backward ends, the root's at the end of backward: FSDP2's post-backward).
     """
     with FakeTensorMode():
-        tracker = ShardAwareTracker()
+        tracker = LiveStorageTracker()
         with tracker:
             torch.manual_seed(0)
             model = build_model(CONFIG, dtype)
@@ -619,7 +598,7 @@ def run_fsdp(setup: FsdpSetup, events: bool = False, fake: bool = True) -> Resul
 
 
 def _run_fsdp(setup: FsdpSetup, events: bool, mesh: object) -> Result:
-    tracker = ShardAwareTracker()
+    tracker = LiveStorageTracker()
     log: list[tuple] = []
     with tracker:
         model, optimizer = build_fsdp(setup, mesh)
@@ -814,7 +793,7 @@ class DdpSetup:
 
 def run_ddp(setup: DdpSetup) -> tuple[Result, list[int]]:
     with process_group(setup.n):
-        tracker = ShardAwareTracker()
+        tracker = LiveStorageTracker()
         with tracker:
             torch.manual_seed(0)
             model = build_model(CONFIG)
@@ -1019,7 +998,7 @@ def check_hooks_inert() -> tuple[int, int]:
         setup = FsdpSetup(8, True, True)
         with process_group(8):
             mesh = init_device_mesh("cpu", (8,))
-            with FakeTensorMode(), ShardAwareTracker() as tracker:
+            with FakeTensorMode(), LiveStorageTracker() as tracker:
                 model, optimizer = build_fsdp(setup, mesh)
                 ids, tgt = make_batch(1)
                 knobs, spec = Knobs(micro_batch_size=MICRO, precision="fp32"), precision_spec("fp32")
@@ -1131,21 +1110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             res.notes = " acc2" + (" nosync" if no_sync else "")
             res.judge(predict_fsdp(setup, *baseline(torch.bfloat16 if mp else torch.float32, "fp32", policy, 2), res))
             extras.append(res)
-        setup = FsdpSetup(8, True, True, reduce_bf16=True)
-        res = run_fsdp(setup)
-        res.notes = " reduce bf16"
-        res.judge(predict_fsdp(setup, *baseline(torch.bfloat16, "fp32", ("unit",)), res))
-        extras.append(res)
-        setup = FsdpSetup(8, True, False, autocast=True)
-        res = run_fsdp(setup)
-        res.notes = " autocast"
-        res.judge(predict_fsdp(setup, *baseline(torch.float32, "bf16-mixed", ("unit",)), res))
-        extras.append(res)
-        setup = FsdpSetup(8, True, True, root_auto=True)
-        res = run_fsdp(setup)
-        res.notes = " root=None"
-        res.judge(predict_fsdp(setup, *baseline(torch.bfloat16, "fp32", ("unit",)), res))
-        extras.append(res)
+        for setup, note, dtype, precision in (
+            (FsdpSetup(8, True, True, reduce_bf16=True), " reduce bf16", torch.bfloat16, "fp32"),
+            (FsdpSetup(8, True, False, autocast=True), " autocast", torch.float32, "bf16-mixed"),
+            (FsdpSetup(8, True, True, root_auto=True), " root=None", torch.bfloat16, "fp32"),
+        ):
+            res = run_fsdp(setup)
+            res.notes = note
+            res.judge(predict_fsdp(setup, *baseline(dtype, precision, ("unit",)), res))
+            extras.append(res)
         with using_config(BLOCKY):
             for reshard, mp in ((True, True), (True, False), (False, False)):
                 setup = FsdpSetup(8, reshard, mp)

@@ -183,10 +183,17 @@ class _FsdpHooks(WalkHooks):
         self.reduced: set[str] = set()  # units whose sharded gradient exists
         self.sync = True  # this micro-batch reduce-scatters (GradSync.LAST: only the last one)
         self.held: dict[str, int] = {}  # unit -> bytes of unsharded gradients kept across micro-batches
-        self.held_params: set[str] = set()  # parameters whose unsharded .grad is kept (no upcast)
         self.held_gather = 0  # forward: the previous unit's all-gather output
         self.held_reduce = 0  # the previous unit's reduce-scatter input
         self.prefetched: dict[int, int] = {}  # block -> its all-gather output, gathered ahead
+
+    @property
+    def held_params(self) -> frozenset[str]:
+        """Parameters whose unsharded ``.grad`` a previous micro-batch left allocated (no upcast:
+        under a policy the kept copies are FSDP2's, not the parameters' gradients)."""
+        if self.layout.upcasts_grads:
+            return frozenset()
+        return frozenset(p for u in self.layout.units if u.name in self.held for p in u.params)
 
     # --- events ---------------------------------------------------------------------------------
     def _all_gather(self, live: Live, unit: ShardUnit, phase: Phase, op: str) -> int:
@@ -222,7 +229,6 @@ class _FsdpHooks(WalkHooks):
         last = unit.last_grad_bytes
         if held:  # the kept gradients are the reduce-scatter's input, freed like autograd's
             live.add(_GRADS, -held)
-            self.held_params.difference_update(unit.params)
             last = unit.last_accumulated_bytes if self.layout.upcasts_grads else unit.last_grad_bytes
         live.add(_GRADS, last + unit.sharded_grad_bytes)
         live.observe(Phase.BACKWARD, op, event=f"reduce-scatter output {unit.name}")
@@ -248,7 +254,6 @@ class _FsdpHooks(WalkHooks):
             self.held[unit.name] = unit.accumulated_bytes
         else:
             self.held[unit.name] = sum(walk.grad_bytes.pop(name, 0) for name in unit.params)
-            self.held_params.update(unit.params)
 
     # --- forward --------------------------------------------------------------------------------
     def forward_start(self, walk: Walk) -> None:
@@ -326,7 +331,7 @@ def simulate_fsdp_step(prep: Prepared, static: StaticMemory, units: dict[int, in
         live.micro_batch = micro_batch
         hooks.sync = layout.grad_sync is GradSync.EVERY or micro_batch == grad_accum_steps - 1
         walk = Walk(prep, units, live, grads_exist=False, hooks=hooks, unit_grads=True,
-                    held_grads=frozenset(hooks.held_params))
+                    held_grads=hooks.held_params)
         activations, logits = walk.forward()
         walk.backward()
     live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)

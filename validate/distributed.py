@@ -48,8 +48,8 @@ from validate.apply import (
     wrap_data_parallel,
 )
 from validate.reference_model import build_model
-from validate.report import TOLERANCES, Figures, Mode, ValidationReport, judge
-from validate.run import WARMUP_STEPS, _cpu_times, _cuda_times, _predicted
+from validate.report import TOLERANCES, Figures, Mode, ValidationReport
+from validate.run import _predicted, build_report, measure_steps
 from validate.tracker import LiveStorageTracker
 
 
@@ -71,13 +71,8 @@ def _report(plan: PlanResult, mode: Mode, device: str, steps: int, predicted: Fi
     times = [f.step_time_s for f in per_rank if f.step_time_s is not None]
     measured = worst.model_copy(update={"step_time_s": max(times) if times else None,
                                         "tokens_per_s": plan.training.tokens_per_step / max(times) if times else None})
-    errors, verdict, reasons = judge(predicted, measured, tolerances, fits=True)
-    return ValidationReport(
-        model=plan.model.name, hardware=plan.hardware.name, knobs=plan.best.knobs.model_dump(mode="json"), mode=mode,
-        device=device, torch_version=torch.__version__, steps=steps, predicted=predicted, measured=measured,
-        errors=errors, tolerances=tolerances, fits=True, notes=notes + reasons, verdict=verdict,
-        per_rank=tuple(per_rank),
-    )
+    return build_report(plan, mode, device, steps, predicted, measured, fits=True, notes=notes, tolerances=tolerances,
+                        per_rank=tuple(per_rank))
 
 
 @contextmanager
@@ -225,22 +220,11 @@ def _rank_report(plan: PlanResult, dev: torch.device, steps: int, profile: Hardw
     def step() -> None:
         train_step(wrapped, optimizer, ids, ids, knobs, step_spec, scaler)
 
-    for _ in range(WARMUP_STEPS):
-        step()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        times = _cuda_times(step, steps)
-        peak = torch.cuda.max_memory_allocated(dev)
-    else:
-        times = _cpu_times(step, steps)
-        tracker = LiveStorageTracker()
+    def resident() -> list[torch.Tensor]:  # DDP's bucket views keep the gradients between steps
         grads = [p.grad for p in net.parameters() if p.grad is not None]
-        tracker.track([*net.parameters(), *net.buffers(), ids, *grads, *optimizer_state(optimizer)])
-        with tracker:
-            tracker.reset_peak()
-            step()
-        peak = tracker.peak_bytes
+        return [*net.parameters(), *net.buffers(), ids, *grads, *optimizer_state(optimizer)]
+
+    times, peak, _ = measure_steps(step, dev, steps, resident)
     mine = Figures(peak_allocated_bytes=int(peak), step_time_s=statistics.median(times))
     gathered: list[Figures | None] = [None] * world
     dist.all_gather_object(gathered, mine)

@@ -25,7 +25,7 @@ from hardware.profile import HardwareProfile
 from planner.estimate import Estimate, cached_graph, estimate
 from planner.precision import precision_spec
 from planner.results import PlanResult
-from validate.apply import configure_model, make_optimizer, make_scaler, param_dtype, train_step
+from validate.apply import configure_model, make_optimizer, make_scaler, optimizer_state, param_dtype, train_step
 from validate.flops import flop_counter
 from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport, judge
@@ -45,10 +45,12 @@ def _predicted(est: Estimate) -> Figures:
     )
 
 
-def _report(plan: PlanResult, mode: Mode, device: str, steps: int, predicted: Figures, measured: Figures,
-            fits: bool, notes: tuple[str, ...] = (), oom: bool = False, allocated: int | None = None) -> ValidationReport:
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    tolerances = TOLERANCES[(mode, kind)]
+def build_report(plan: PlanResult, mode: Mode, device: str, steps: int, predicted: Figures, measured: Figures,
+                 fits: bool, notes: tuple[str, ...] = (), oom: bool = False, allocated: int | None = None,
+                 tolerances: dict[str, float] | None = None, per_rank: tuple[Figures, ...] = ()) -> ValidationReport:
+    """The report of one validation; ``tolerances`` default to the mode's and device's."""
+    if tolerances is None:
+        tolerances = TOLERANCES[(mode, "cuda" if device.startswith("cuda") else "cpu")]
     errors, verdict, reasons = judge(predicted, measured, tolerances, fits)
     return ValidationReport(
         model=plan.model.name,
@@ -67,6 +69,7 @@ def _report(plan: PlanResult, mode: Mode, device: str, steps: int, predicted: Fi
         allocated_at_failure_bytes=allocated,
         notes=notes + reasons,
         verdict=verdict,
+        per_rank=per_rank,
     )
 
 
@@ -81,7 +84,7 @@ def simulate(plan: PlanResult) -> ValidationReport:
     if model.dropout > 0 and model.attention.value == "flash":
         notes += ("the CPU's fused attention has no dropout: PyTorch falls back to the math kernel here, "
                   "so simulated bytes exceed what a GPU's flash attention keeps",)
-    return _report(plan, Mode.SIMULATE, f"cpu (fake tensors, {os.cpu_count()} cores)", 1, expected, measured,
+    return build_report(plan, Mode.SIMULATE, f"cpu (fake tensors, {os.cpu_count()} cores)", 1, expected, measured,
                    fits=True, notes=notes)
 
 
@@ -116,9 +119,9 @@ def run(plan: PlanResult, device: str = "cuda", steps: int = 5, calibrate_cpu: b
         allocated = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        return _report(plan, Mode.RUN, label, 0, predicted, Figures(), fits=False, oom=True, allocated=allocated,
+        return build_report(plan, Mode.RUN, label, 0, predicted, Figures(), fits=False, oom=True, allocated=allocated,
                        notes=notes)
-    return _report(plan, Mode.RUN, label, steps, predicted, measured, fits=True, notes=notes)
+    return build_report(plan, Mode.RUN, label, steps, predicted, measured, fits=True, notes=notes)
 
 
 def _check_host_memory(est: Estimate) -> None:
@@ -148,22 +151,8 @@ def _measure(plan: PlanResult, dev: torch.device, steps: int) -> Figures:
     def step() -> None:
         train_step(net, optimizer, ids, targets, knobs, spec, scaler)
 
-    for _ in range(WARMUP_STEPS):
-        step()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        times = _cuda_times(step, steps)
-        peak = torch.cuda.max_memory_allocated(dev)
-        reserved = torch.cuda.max_memory_reserved(dev)
-    else:
-        times = _cpu_times(step, steps)
-        tracker = LiveStorageTracker()
-        tracker.track([*net.parameters(), *net.buffers(), ids, targets, *_optimizer_state(optimizer)])
-        with tracker:
-            tracker.reset_peak()
-            step()
-        peak, reserved = tracker.peak_bytes, None
+    times, peak, reserved = measure_steps(
+        step, dev, steps, lambda: [*net.parameters(), *net.buffers(), ids, targets, *optimizer_state(optimizer)])
     counter = flop_counter()
     with counter:
         step()
@@ -177,8 +166,26 @@ def _measure(plan: PlanResult, dev: torch.device, steps: int) -> Figures:
     )
 
 
-def _optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+def measure_steps(step: Callable[[], None], dev: torch.device, steps: int,
+                  resident: Callable[[], list[torch.Tensor]]) -> tuple[list[float], int, int | None]:
+    """Warm up, time ``steps`` steps and measure one step's peak: CUDA events and the caching
+    allocator's peaks on a GPU; wall clock and the live-storage tracker on a CPU, which is told
+    ``resident()`` (the tensors alive between steps, read after the warm-up).
+    Returns (step times, peak allocated bytes, peak reserved bytes or None)."""
+    for _ in range(WARMUP_STEPS):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        times = _cuda_times(step, steps)
+        return times, torch.cuda.max_memory_allocated(dev), torch.cuda.max_memory_reserved(dev)
+    times = _cpu_times(step, steps)
+    tracker = LiveStorageTracker()
+    tracker.track(resident())
+    with tracker:
+        tracker.reset_peak()
+        step()
+    return times, tracker.peak_bytes, None
 
 
 def _cpu_times(step: Callable[[], None], steps: int) -> list[float]:
