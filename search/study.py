@@ -1,7 +1,7 @@
 """The search: an optuna study over (micro-batch, precision), placement solved exactly per point.
 
 Optuna owns the search: seeded samplers (TPE by default, random, or an exhaustive grid), the HBM
-cap as a constraint (``device_bytes - cap <= 0``), known-good points enqueued first, and an
+cap as a constraint (``device_bytes - cap <= 0``), known-good points priced first, and an
 optional RDB storage (``sqlite:///study.db``, PostgreSQL, MySQL) so several ``plan`` processes on
 several machines share one study; the result is read back from the study, so every worker's
 trials count. The objective is step time at the fixed global batch.
@@ -14,6 +14,7 @@ too, so a sampler that stalls on a small space still ends at the best point arou
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import time
@@ -35,6 +36,7 @@ from search.space import SearchSpace
 
 _MB, _PRECISION, _ZERO = "micro_batch_size", "precision", "zero_stage"
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
+_CREATE_TAKES_CONSTRAINTS = "constraints" in inspect.signature(optuna.trial.create_trial).parameters
 
 
 class SamplerKind(StrEnum):
@@ -116,18 +118,64 @@ def _create_study(options: SearchOptions, space: SearchSpace) -> optuna.Study:
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _record(trial: optuna.Trial, ev: Evaluation) -> float:
+def _attrs(ev: Evaluation) -> dict[str, object]:
+    """What a trial records about its point (every worker reads these back from the study)."""
     chosen = ev.chosen
-    trial.set_user_attr("worker", WORKER)
-    trial.set_user_attr("pruned", ev.pruned)
-    trial.set_user_attr("knobs", chosen.knobs.model_dump(mode="json"))
-    trial.set_user_attr("device_bytes", chosen.device_bytes)
-    trial.set_user_attr("excess_bytes", chosen.device_bytes - ev.cap_bytes)
-    if _HAS_SET_CONSTRAINT:  # feasibility as a constraint: device_bytes - cap <= 0
-        trial.set_constraint("excess_bytes", float(chosen.device_bytes - ev.cap_bytes))
     feasible = [p for p in ev.points if p.device_bytes <= ev.cap_bytes]
-    trial.set_user_attr("pareto", [p.model_dump(mode="json") for p in non_dominated(feasible)])
-    return chosen.step_time_s
+    return {
+        "worker": WORKER,
+        "pruned": ev.pruned,
+        "knobs": chosen.knobs.model_dump(mode="json"),
+        "device_bytes": chosen.device_bytes,
+        "excess_bytes": chosen.device_bytes - ev.cap_bytes,
+        "pareto": [p.model_dump(mode="json") for p in non_dominated(feasible)],
+    }
+
+
+def _record(trial: optuna.Trial, ev: Evaluation) -> float:
+    for key, value in _attrs(ev).items():
+        trial.set_user_attr(key, value)
+    if _HAS_SET_CONSTRAINT:  # feasibility as a constraint: device_bytes - cap <= 0
+        trial.set_constraint("excess_bytes", float(ev.chosen.device_bytes - ev.cap_bytes))
+    return ev.chosen.step_time_s
+
+
+def _distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
+    """The same choices the objective suggests from (optuna refuses a trial whose distributions differ)."""
+    categorical = optuna.distributions.CategoricalDistribution
+    return {_MB: categorical(list(space.micro_batch_sizes)), _PRECISION: categorical([p.value for p in space.precisions]),
+            _ZERO: categorical(list(space.zero_stages))}
+
+
+def _add_points(
+    study: optuna.Study,
+    space: SearchSpace,
+    points: list[tuple[int, str, int]],
+    price: Callable[[int, str, int], Evaluation],
+) -> int:
+    """Price these points here and add them to the study as finished trials; returns how many were new.
+
+    Not ``enqueue_trial``: a waiting trial is claimed by a read then a write, and on SQLite two
+    workers can both claim it, run it, and the second one's ``tell`` fails ("Cannot tell a
+    COMPLETE trial"). A finished trial added in one write cannot be claimed twice; two workers
+    adding the same point at once leave a harmless duplicate."""
+    seen = {_point(t) for t in study.get_trials(deepcopy=False) if _MB in t.params and _PRECISION in t.params}
+    added = 0
+    for point in points:
+        if point in seen:
+            continue
+        seen.add(point)
+        mb, precision, stage = point  # known-good points and neighbours are allowed by construction
+        ev = price(mb, precision, stage)
+        excess = float(ev.chosen.device_bytes - ev.cap_bytes)
+        constraint = ({"constraints": {"excess_bytes": excess}} if _CREATE_TAKES_CONSTRAINTS
+                      else {"system_attrs": {"constraints": [excess]}})  # optuna < 5: the list format
+        params = {_MB: mb, _PRECISION: precision, _ZERO: stage}
+        study.add_trial(optuna.trial.create_trial(value=ev.chosen.step_time_s, params=params,
+                                                  distributions=_distributions(space), user_attrs=_attrs(ev),
+                                                  **constraint))  # type: ignore[arg-type]
+        added += 1
+    return added
 
 
 def run_search(
@@ -163,11 +211,13 @@ def run_search(
         return _record(trial, price(int(mb), str(precision), int(stage)))  # type: ignore[arg-type]
 
     study = _create_study(options, space)
-    if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
-        for mb, precision, stage in space.known_good():
-            study.enqueue_trial({_MB: mb, _PRECISION: precision.value, _ZERO: stage}, skip_if_exists=True)
     n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
     done = 0
+    if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
+        known = [(mb, precision.value, stage) for mb, precision, stage in space.known_good()]
+        done = _add_points(study, space, known, price)
+        if on_trial is not None and done:
+            on_trial(done, n_trials)
 
     def progress(_study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
         nonlocal done
@@ -175,9 +225,9 @@ def run_search(
         if on_trial is not None:
             on_trial(done, n_trials)
 
-    study.optimize(objective, n_trials=n_trials, callbacks=[progress])
+    study.optimize(objective, n_trials=max(0, n_trials - done), callbacks=[progress])
     if options.polish and options.sampler is not SamplerKind.EXHAUSTIVE:
-        _polish(study, space, objective, evaluations)
+        _polish(study, space, price, evaluations)
 
     trials = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     feasible = sorted((t for t in trials if t.user_attrs.get("excess_bytes", 1) <= 0), key=lambda t: (t.value, t.number))
@@ -223,7 +273,7 @@ def _point(trial: optuna.trial.FrozenTrial) -> tuple[int, str, int]:
 def _polish(
     study: optuna.Study,
     space: SearchSpace,
-    objective: Callable[[optuna.Trial], float],
+    price: Callable[[int, str, int], Evaluation],
     evaluations: dict[tuple[int, str, int], Evaluation],
 ) -> None:
     """Price the unvisited neighbours of the incumbent until it stops improving."""
@@ -235,8 +285,5 @@ def _polish(
         incumbent = min(feasible, key=lambda t: (t.value, t.number))
         visited = {_point(t) for t in trials} | set(evaluations)
         fresh = [n for n in space.neighbours(*_point(incumbent)) if n not in visited]
-        if not fresh:
+        if not fresh or not _add_points(study, space, fresh, price):
             return
-        for mb, precision, stage in fresh:
-            study.enqueue_trial({_MB: mb, _PRECISION: precision, _ZERO: stage})
-        study.optimize(objective, n_trials=len(fresh))

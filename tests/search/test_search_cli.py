@@ -424,12 +424,75 @@ def test_bad_storage_subprocess_no_traceback(tmp_path: Path) -> None:
 # 5. two processes share one study
 
 
-def _start_worker(url: str, seed: int) -> subprocess.Popen[str]:
+def _start_worker(url: str, seed: int, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "planner.cli", "--model", "tiny-llama", "--global-batch", "16", "--storage", url,
          "--study-name", "shared", "--trials", "6", "--seed", str(seed), "--json"],
-        cwd=REPO, env={**os.environ, "COLUMNS": "120"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, env={**os.environ, "COLUMNS": "120", **(env or {})}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )
+
+
+# Loaded by the workers of the slow-database test (a sitecustomize on their PYTHONPATH): every read
+# of a trial that is still waiting to be claimed takes half a second, as on a loaded machine.
+_SLOW_CLAIM = """
+import time
+from optuna.storages._rdb import models
+from optuna.trial import TrialState
+_find = models.TrialModel.find_or_raise_by_id.__func__
+def _slow_find(cls, trial_id, session, for_update=False):
+    trial = _find(cls, trial_id, session, for_update)
+    if trial.state == TrialState.WAITING:
+        time.sleep(0.5)
+    return trial
+models.TrialModel.find_or_raise_by_id = classmethod(_slow_find)
+"""
+
+
+def test_two_workers_on_a_slow_database(tmp_path: Path) -> None:
+    """Regression (seen once in CI): workers that enqueued the known-good points both claimed the
+    same waiting trial on SQLite (a read, then a write), both ran it, and the second one's tell
+    failed with "Cannot tell a COMPLETE trial". Widening that window to half a second made it fail
+    every time; the search now adds those points as finished trials, so no trial waits to be claimed."""
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "sitecustomize.py").write_text(_SLOW_CLAIM)
+    url = sqlite_url(tmp_path / "shared.db")
+    optuna.storages.RDBStorage(url)
+    pythonpath = os.pathsep.join(filter(None, [str(tmp_path / "slow"), os.environ.get("PYTHONPATH")]))
+    procs = [_start_worker(url, seed, {"PYTHONPATH": pythonpath}) for seed in (1, 2)]
+    try:
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err and "already set" not in err
+        assert json.loads(out)["best"]["estimate"]["memory"]["fits"] is True
+    study = optuna.load_study(study_name="shared", storage=url)
+    states = {t.state for t in study.trials}
+    assert states <= {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}
+
+
+def test_search_never_leaves_a_trial_waiting(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The known-good points and the polish step's neighbours are priced in this process and added
+    finished, first, with their memory constraint."""
+    monkeypatch.setattr(optuna.Study, "enqueue_trial", lambda *a, **k: pytest.fail("enqueue_trial called"))
+    url = sqlite_url(tmp_path / "one.db")
+    code, out, err = call([*TINY, "--trials", "4", "--storage", url, "--study-name", "s", "--json"], capsys)
+    assert code == 0, err
+    study = optuna.load_study(study_name="s", storage=url)
+    trials = study.get_trials()
+    first = sorted(trials, key=lambda t: t.number)[: len(DEFAULT_PRECISIONS)]  # before any sampled trial
+    assert sorted((t.params["micro_batch_size"], t.params["precision"]) for t in first) == [
+        (1, p) for p in sorted(DEFAULT_PRECISIONS)]
+    assert len({t.user_attrs["device_bytes"] - t.user_attrs["excess_bytes"] for t in trials}) == 1  # one cap
+    for t in trials:
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        if hasattr(optuna.trial.Trial, "set_constraint"):
+            assert t.system_attrs["constraints:excess_bytes"] == t.user_attrs["excess_bytes"]
 
 
 def test_two_processes_share_a_study(tmp_path: Path) -> None:

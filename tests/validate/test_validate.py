@@ -52,20 +52,31 @@ def test_simulate_7b(precision: str, blocks: tuple[int, ...]) -> None:
 def test_run_on_cpu_real_step() -> None:
     """A small model's real step: bytes from the tracker within 3%, time within 40% of a CPU
     profile calibrated in the same process. One thread: a 2-core CI machine's timing noise would
-    otherwise dominate a 0.2 s step."""
+    otherwise dominate a 0.2 s step.
+
+    The time is a wall-clock comparison on a shared VM: the in-process calibration of this model's
+    kernels alone varies 80-110 GFLOP/s from one run to the next. Fifteen runs in a row on an idle
+    2-core machine: errors from -11% to +45% (median +10%), two of them past 40%. So the time gets
+    up to three tries (both sides are re-measured each time); a systematic error fails all three.
+    Bytes and FLOPs are deterministic and checked on every try."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    model = SMALL.model_copy(update={"n_layers": 2})
+    training = TrainConfig(seq_len=256, global_batch_size=8)
+    plan = _plan(model, training, Knobs(micro_batch_size=4, grad_accum_steps=2, precision="fp32"))
+    time_errors = []
     try:
-        model = SMALL.model_copy(update={"n_layers": 2})
-        training = TrainConfig(seq_len=256, global_batch_size=8)
-        report = validate(_plan(model, training, Knobs(micro_batch_size=4, grad_accum_steps=2, precision="fp32")),
-                          mode="run", device="cpu", steps=5)
+        for _ in range(3):
+            report = validate(plan, mode="run", device="cpu", steps=5)
+            assert report.fits
+            assert abs(report.errors["peak_allocated"]) < 0.03
+            assert abs(report.errors["model_flops"]) < 0.005
+            time_errors.append((report.errors["step_time"], report.notes))
+            if abs(report.errors["step_time"]) < 0.40:
+                break
     finally:
         torch.set_num_threads(threads)
-    assert report.fits
-    assert abs(report.errors["peak_allocated"]) < 0.03
-    assert abs(report.errors["step_time"]) < 0.40, report.notes
-    assert abs(report.errors["model_flops"]) < 0.005
+    assert abs(time_errors[-1][0]) < 0.40, time_errors
     assert report.verdict is Verdict.PASS
 
 
