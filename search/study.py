@@ -18,6 +18,7 @@ import inspect
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from enum import StrEnum
 
@@ -80,12 +81,14 @@ def _sampler(options: SearchOptions, space: SearchSpace) -> optuna.samplers.Base
     if options.sampler is SamplerKind.RANDOM:
         return optuna.samplers.RandomSampler(seed=options.seed)
     legacy = {} if _HAS_SET_CONSTRAINT else {"constraints_func": constraints}  # optuna < 5
-    return optuna.samplers.TPESampler(
-        seed=options.seed,
-        n_startup_trials=min(8, max(2, space.size // 3)),
-        multivariate=True,
-        **legacy,  # type: ignore[arg-type]
-    )
+    with warnings.catch_warnings():  # optuna < 5 marks both options experimental, on every plan
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=options.seed,
+            n_startup_trials=min(8, max(2, space.size // 3)),
+            multivariate=True,
+            **legacy,  # type: ignore[arg-type]
+        )
 
 
 def _create_study(options: SearchOptions, space: SearchSpace) -> optuna.Study:
