@@ -42,7 +42,7 @@ from hardware.profile import HardwareProfile
 from planner.graph import LayerGraph
 from planner.knobs import GradSync
 from planner.memory_types import CATEGORIES, Category, Phase, StaticMemory, Timeline
-from planner.parallel import Communication, ParallelConfig, fsdp_shard_numel, ring_time_s
+from planner.parallel import Collective, Communication, ParallelConfig, fsdp_shard_numel, ring_time_s
 from planner.precision import PrecisionPolicy
 from planner.walk import Live, Prepared, Walk, WalkHooks
 
@@ -361,10 +361,10 @@ def fsdp_communication(layout: FsdpLayout, hw: HardwareProfile, parallel: Parall
     root, blocks = layout.root, [u for u in layout.units if u.block is not None]
 
     def gather(units: Sequence[ShardUnit]) -> float:
-        return ring_time_s(sum(u.gather_output_bytes for u in units), "all_gather", hw, parallel, len(units))
+        return ring_time_s(sum(u.gather_output_bytes for u in units), Collective.ALL_GATHER, hw, parallel, len(units))
 
     def scatter(units: Sequence[ShardUnit]) -> float:
-        return ring_time_s(sum(u.reduce_input_bytes for u in units), "reduce_scatter", hw, parallel, len(units))
+        return ring_time_s(sum(u.reduce_input_bytes for u in units), Collective.REDUCE_SCATTER, hw, parallel, len(units))
 
     fwd_blocks, bwd_blocks = gather(blocks), gather(blocks) if layout.stage == 3 else 0.0
     root_gather, root_scatter, block_scatter = gather([root]), scatter([root]), scatter(blocks)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -105,12 +106,21 @@ def link_bandwidth_bytes_per_s(hw: HardwareProfile, parallel: ParallelConfig) ->
     return min(hw.intra_node_bandwidth_bytes_per_s, hw.inter_node_bandwidth_bytes_per_s)
 
 
-def ring_time_s(n_bytes: float, kind: str, hw: HardwareProfile, parallel: ParallelConfig, n_collectives: int = 1) -> float:
-    """Seconds of one ring collective over ``n_bytes`` (the full tensor, not a shard)."""
+class Collective(StrEnum):
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+
+
+def ring_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, parallel: ParallelConfig,
+                n_collectives: int = 1) -> float:
+    """Seconds of one ring collective over ``n_bytes`` (the full tensor, not a shard): each rank
+    sends and receives (n-1)/n of it for a reduce-scatter or an all-gather, twice that for an
+    all-reduce (a reduce-scatter then an all-gather; Thakur et al. 2005, Patarasuk & Yuan 2009)."""
     n = parallel.world_size
     if n <= 1 or n_bytes <= 0:
         return 0.0
-    factor = {"all_reduce": 2.0 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n}[kind]
+    factor = (2.0 if kind is Collective.ALL_REDUCE else 1.0) * (n - 1) / n
     return factor * n_bytes / link_bandwidth_bytes_per_s(hw, parallel) + n_collectives * hw.collective_latency_s
 
 
@@ -141,12 +151,12 @@ def ddp_communication(grad_bytes: Sequence[int], param_bytes: int, zero_stage: i
     optimizer step: fully exposed."""
     total_grad = float(sum(grad_bytes))
     buckets = max(1, ddp_buckets(grad_bytes))
-    all_reduce = ring_time_s(total_grad, "all_reduce", hw, parallel, buckets)
+    all_reduce = ring_time_s(total_grad, Collective.ALL_REDUCE, hw, parallel, buckets)
     exposed = max(all_reduce - backward_window_s, all_reduce / buckets)
     moved = 2.0 * (parallel.world_size - 1) / parallel.world_size * total_grad
     total = all_reduce
     if zero_stage == 1:
-        broadcast = ring_time_s(param_bytes, "all_gather", hw, parallel, parallel.world_size)
+        broadcast = ring_time_s(param_bytes, Collective.ALL_GATHER, hw, parallel, parallel.world_size)
         total += broadcast
         exposed += broadcast
         moved += (parallel.world_size - 1) / parallel.world_size * param_bytes

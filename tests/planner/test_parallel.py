@@ -10,6 +10,7 @@ from planner import api
 from planner.estimate import cached_graph, estimate, static_for
 from planner.knobs import Knobs
 from planner.parallel import (
+    Collective,
     ParallelConfig,
     fsdp_shard_numel,
     model_state_bytes,
@@ -103,11 +104,11 @@ def test_ring_model() -> None:
     two_nodes = ParallelConfig(world_size=16, gpus_per_node=8)
     gb = 1e9
     # 2(N-1)/N x bytes / NVLink 450 GB/s, plus one latency
-    assert ring_time_s(gb, "all_reduce", hw, one_node) == pytest.approx(2 * 7 / 8 * gb / 450e9 + 10e-6)
-    assert ring_time_s(gb, "all_gather", hw, one_node) == pytest.approx(7 / 8 * gb / 450e9 + 10e-6)
+    assert ring_time_s(gb, Collective.ALL_REDUCE, hw, one_node) == pytest.approx(2 * 7 / 8 * gb / 450e9 + 10e-6)
+    assert ring_time_s(gb, Collective.ALL_GATHER, hw, one_node) == pytest.approx(7 / 8 * gb / 450e9 + 10e-6)
     # across nodes the NIC (50 GB/s) is the ring's slowest hop
-    assert ring_time_s(gb, "reduce_scatter", hw, two_nodes) == pytest.approx(15 / 16 * gb / 50e9 + 10e-6)
-    assert ring_time_s(gb, "all_reduce", hw, ParallelConfig(world_size=1)) == 0.0
+    assert ring_time_s(gb, Collective.REDUCE_SCATTER, hw, two_nodes) == pytest.approx(15 / 16 * gb / 50e9 + 10e-6)
+    assert ring_time_s(gb, Collective.ALL_REDUCE, hw, ParallelConfig(world_size=1)) == 0.0
 
 
 def test_data_parallel_step() -> None:
