@@ -7,6 +7,7 @@ import math
 from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes
 from planner.memory import Category
+from planner.memory_types import Phase
 from planner.results import PlanEntry
 
 
@@ -28,7 +29,7 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
         f"  to fit: a cap of at least {format_bytes(mem.device_bytes)} (--hbm {math.ceil(mem.device_bytes / 1e9)}GB)",
     ]
     temporaries = mem.at_peak.get(Category.TEMPORARIES, 0)
-    if mem.peak_phase.value == "optimizer" and temporaries > 0:
+    if mem.peak_phase is Phase.OPTIMIZER and temporaries > 0:
         without = int((mem.peak_allocated_bytes - temporaries) * hw.fragmentation_factor) + hw.runtime_reserve_bytes
         lines.append(
             f"  the peak is the foreach optimizer's parameter-sized temporaries: with --optimizer-impl fused the "

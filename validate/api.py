@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 import torch
@@ -11,6 +12,14 @@ from hardware.registry import load_hardware
 from planner.results import PlanResult
 from validate.report import ValidationReport
 from validate.run import run, simulate
+
+
+class RequestedMode(StrEnum):
+    """What the caller asks for; ``auto`` resolves to ``run`` or ``simulate`` (the report's Mode)."""
+
+    AUTO = "auto"
+    SIMULATE = "simulate"
+    RUN = "run"
 
 
 def validate(
@@ -24,13 +33,15 @@ def validate(
     device, or ``auto`` (run on CUDA when available, else simulate)."""
     if not isinstance(plan, PlanResult):
         plan = PlanResult.load(plan)
+    try:
+        requested = RequestedMode(mode)
+    except ValueError:
+        raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run") from None
     if plan.best.knobs.data_parallel > 1:
-        return _validate_data_parallel(plan, mode, device, steps, hardware)
-    if mode not in ("auto", "simulate", "run"):
-        raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run")
-    if mode == "auto":
-        mode = "run" if torch.cuda.is_available() else "simulate"
-    if mode == "simulate":
+        return _validate_data_parallel(plan, requested, device, steps, hardware)
+    if requested is RequestedMode.AUTO:
+        requested = RequestedMode.RUN if torch.cuda.is_available() else RequestedMode.SIMULATE
+    if requested is RequestedMode.SIMULATE:
         if device == "cuda":
             raise ConfigError("--device: simulate runs on the CPU under fake tensors; drop --device or use --mode run")
         return simulate(plan)
@@ -38,14 +49,14 @@ def validate(
     return run(plan, device=device or "cuda", steps=steps, profile=profile)
 
 
-def _validate_data_parallel(plan: PlanResult, mode: str, device: str | None, steps: int,
+def _validate_data_parallel(plan: PlanResult, mode: RequestedMode, device: str | None, steps: int,
                             hardware: str | Path | None) -> ValidationReport:
     from validate.distributed import launched_by_torchrun, run_rank, simulate_rank
 
     gpus = plan.best.knobs.data_parallel
-    if mode == "auto":
-        mode = "run" if launched_by_torchrun() else "simulate"
-    if mode == "simulate":
+    if mode is RequestedMode.AUTO:
+        mode = RequestedMode.RUN if launched_by_torchrun() else RequestedMode.SIMULATE
+    if mode is RequestedMode.SIMULATE:
         return simulate_rank(plan)
     if not launched_by_torchrun():
         raise ConfigError(f"--mode run: this plan uses {gpus} GPUs; launch it with torchrun --nproc-per-node {gpus} "

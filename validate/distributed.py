@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hardware.errors import ConfigError, PlannerError
 from hardware.profile import HardwareProfile
+from planner.config import AttentionImpl, ModelConfig
 from planner.estimate import cached_graph, compute_spec, estimate
 from planner.parallel import zero1_partition
 from planner.precision import precision_spec
@@ -50,6 +51,7 @@ from validate.apply import (
 from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport
 from validate.run import _predicted, build_report, measure_steps
+from validate.simulate import GPU_ATTENTION_DROPOUT_NOTE, as_on_a_gpu
 from validate.tracker import LiveStorageTracker
 
 
@@ -96,7 +98,9 @@ def _simulate_fsdp(plan: PlanResult) -> int:
     spec = precision_spec(knobs.precision)
     rows = knobs.micro_batch_size * knobs.grad_accum_steps
     with fake_process_group(knobs.data_parallel) as mesh, FakeTensorMode():
-        net = shard_model(configure_model(build_model(model, param_dtype(spec)), knobs), knobs, spec, mesh)
+        built = configure_model(build_model(model, param_dtype(spec)), knobs)
+        as_on_a_gpu(built)
+        net = shard_model(built, knobs, spec, mesh)
         optimizer = make_optimizer(net, training)
         ids = torch.randint(0, model.vocab_size, (rows, training.seq_len))
         step_spec = compute_spec(knobs)
@@ -113,6 +117,10 @@ def _simulate_fsdp(plan: PlanResult) -> int:
         return tracker.peak_bytes
 
 
+def _dropout_note(model: ModelConfig) -> tuple[str, ...]:
+    return (GPU_ATTENTION_DROPOUT_NOTE,) if model.dropout > 0 and model.attention is AttentionImpl.FLASH else ()
+
+
 def simulate_rank(plan: PlanResult) -> ValidationReport:
     """The rank with the most state, in one process under fake tensors (FSDP2 run on a fake
     process group; DDP and ZeRO-1 emulated)."""
@@ -122,7 +130,7 @@ def simulate_rank(plan: PlanResult) -> ValidationReport:
     if knobs.zero_stage >= 2:
         measured = Figures(peak_allocated_bytes=_simulate_fsdp(plan))
         notes = (f"simulate: rank 0 of {knobs.data_parallel} running FSDP2 on a fake process group under fake "
-                 "tensors (collectives are no-ops on the real buffers); no communication time",)
+                 "tensors (collectives are no-ops on the real buffers); no communication time",) + _dropout_note(model)
         return _report(plan, Mode.SIMULATE, "cpu (fake tensors, fake process group)", 1, predicted, [measured], notes,
                        TOLERANCES[(Mode.SIMULATE, "cpu")])
     spec = precision_spec(knobs.precision)
@@ -130,6 +138,7 @@ def simulate_rank(plan: PlanResult) -> ValidationReport:
     rows = knobs.micro_batch_size * knobs.grad_accum_steps
     with FakeTensorMode():
         net = configure_model(build_model(model, param_dtype(spec)), knobs)
+        as_on_a_gpu(net)
         named = dict(net.named_parameters())
         if knobs.zero_stage == 1:
             partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
@@ -155,6 +164,7 @@ def simulate_rank(plan: PlanResult) -> ValidationReport:
     measured = Figures(peak_allocated_bytes=tracker.peak_bytes)
     notes = (f"simulate: rank with the largest optimizer partition of {knobs.data_parallel}, emulated in one process "
              "under fake tensors (gradients held as DDP's buckets, ZeRO-1 state of that rank only); no communication",)
+    notes += _dropout_note(model)
     return _report(plan, Mode.SIMULATE, "cpu (fake tensors)", 1, predicted, [measured], notes,
                    TOLERANCES[(Mode.SIMULATE, "cpu")])
 

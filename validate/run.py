@@ -22,6 +22,7 @@ import torch
 
 from hardware.errors import ConfigError
 from hardware.profile import HardwareProfile
+from planner.config import AttentionImpl
 from planner.estimate import Estimate, cached_graph, estimate
 from planner.precision import precision_spec
 from planner.results import PlanResult
@@ -29,7 +30,7 @@ from validate.apply import configure_model, make_optimizer, make_scaler, optimiz
 from validate.flops import flop_counter
 from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport, judge
-from validate.simulate import simulate_step
+from validate.simulate import GPU_ATTENTION_DROPOUT_NOTE, simulate_step
 from validate.tracker import LiveStorageTracker
 
 WARMUP_STEPS = 2  # the first step creates the optimizer state; the second is the steady state
@@ -81,9 +82,8 @@ def simulate(plan: PlanResult) -> ValidationReport:
     expected = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None})
     notes: tuple[str, ...] = ("simulate: fake tensors measure bytes and FLOPs exactly but take no time; FLOPs "
                               "compared as hardware FLOPs (recomputation included)",)
-    if model.dropout > 0 and model.attention.value == "flash":
-        notes += ("the CPU's fused attention has no dropout: PyTorch falls back to the math kernel here, "
-                  "so simulated bytes exceed what a GPU's flash attention keeps",)
+    if model.dropout > 0 and model.attention is AttentionImpl.FLASH:
+        notes += (GPU_ATTENTION_DROPOUT_NOTE,)
     return build_report(plan, Mode.SIMULATE, f"cpu (fake tensors, {os.cpu_count()} cores)", 1, expected, measured,
                    fits=True, notes=notes)
 

@@ -14,13 +14,33 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from planner.config import ModelConfig, TrainConfig
+from planner.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.knobs import Knobs
 from planner.precision import precision_spec
 from validate.apply import configure_model, make_optimizer, make_scaler, param_dtype, train_step
 from validate.flops import flop_counter
-from validate.reference_model import build_model
+from validate.reference_model import AttentionCore, build_model
 from validate.tracker import LiveStorageTracker
+
+GPU_ATTENTION_DROPOUT_NOTE = (
+    "attention dropout is left out of the simulated fused attention: the CPU's fused kernel has no "
+    "dropout (PyTorch would fall back to the math kernel and keep the T x T probabilities), a GPU's "
+    "flash kernel keeps only its RNG state; the other dropouts are simulated")
+
+
+def as_on_a_gpu(net: torch.nn.Module) -> bool:
+    """Make the simulated attention keep what a GPU's fused attention keeps. With dropout, CPU
+    SDPA drops to the math kernel, which saves the B x N x T x T probabilities and mask; flash
+    attention on CUDA regenerates its dropout mask in the backward from a saved RNG state (Dao
+    2023, FlashAttention-2, section 3.1). So the fused attention runs without dropout here; its
+    saved bytes are then what the GPU keeps, but for a few bytes of RNG state. Returns whether any
+    module changed (the report then says so)."""
+    changed = False
+    for module in net.modules():
+        if isinstance(module, AttentionCore) and module.impl is AttentionImpl.FLASH and module.dropout > 0:
+            module.dropout = 0.0
+            changed = True
+    return changed
 
 
 @dataclass(frozen=True)
@@ -36,6 +56,7 @@ def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmu
     rows = knobs.micro_batch_size * knobs.grad_accum_steps
     with FakeTensorMode(allow_non_fake_inputs=False):
         net = configure_model(build_model(model, param_dtype(spec)), knobs)
+        as_on_a_gpu(net)
         optimizer = make_optimizer(net, training)
         scaler = make_scaler(spec, "cpu")
         input_ids = torch.randint(0, model.vocab_size, (rows, training.seq_len))

@@ -377,6 +377,28 @@ def test_infeasible_exits_1_with_advice(capsys: pytest.CaptureFixture[str]) -> N
         json.loads(out)
 
 
+def test_infeasible_advice_names_the_fused_optimizer_when_its_temporaries_make_the_peak() -> None:
+    """Short sequences, everything checkpointed: the peak is the foreach AdamW step's
+    parameter-sized temporaries. The advice's figure for --optimizer-impl fused is that plan's own
+    device footprint (here the backward peak then decides, as the advice warns)."""
+    from planner.advice import infeasible_message
+    from planner.knobs import Knobs
+
+    model, training = api.load_model("llama2-7b", seq_len=128, global_batch_size=1)
+    knobs = Knobs(micro_batch_size=1, grad_accum_steps=1, precision="bf16-mixed", checkpoint_blocks=tuple(range(32)))
+    foreach = api.estimate_plan(model, training, "h100-sxm", knobs).best
+    fused = api.estimate_plan(model, training.model_copy(update={"optimizer_impl": "fused"}), "h100-sxm", knobs).best
+    assert foreach.estimate.memory.peak_phase.value == "optimizer"
+    assert fused.estimate.memory.device_bytes < foreach.estimate.memory.device_bytes
+    message = infeasible_message("h100-sxm", 80 * 10**9, foreach)
+    assert f"with --optimizer-impl fused the step itself would need about {format_bytes(fused.estimate.memory.device_bytes)}" in message
+    long_seq = training.model_copy(update={"seq_len": 4096, "global_batch_size": 4})
+    activations_peak = api.estimate_plan(
+        model, long_seq, "h100-sxm", knobs.model_copy(update={"checkpoint_blocks": (), "micro_batch_size": 4})).best
+    assert activations_peak.estimate.memory.peak_phase.value != "optimizer"
+    assert "--optimizer-impl fused" not in infeasible_message("h100-sxm", 80 * 10**9, activations_peak)
+
+
 # --------------------------------------------------------------------------------------------
 # 4. bad values: exit 2, one stderr line naming the flag
 

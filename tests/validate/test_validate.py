@@ -39,6 +39,37 @@ def test_simulate_small(precision: str, blocks: tuple[int, ...], accum: int) -> 
     assert abs(report.errors["model_flops"]) < 0.005
 
 
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+@pytest.mark.parametrize(("gpus", "stage", "precision"), [(1, 0, "fp32"), (1, 0, "bf16-mixed"), (4, 1, "fp32"),
+                                                          (4, 3, "bf16-mixed")])
+def test_simulate_with_dropout(attention: str, gpus: int, stage: int, precision: str) -> None:
+    """Regression: with dropout, the CPU's SDPA falls back to the math kernel and saves the T x T
+    probabilities, which a GPU's flash kernel does not: simulate failed flash plans by +40%. The
+    simulated fused attention now runs without dropout (the other dropouts stay), and says so."""
+    model = ModelConfig.model_validate({**SMALL.model_dump(), "n_layers": 2, "dropout": 0.1, "attention": attention})
+    knobs = Knobs(micro_batch_size=1, grad_accum_steps=2, precision=precision, data_parallel=gpus, zero_stage=stage,
+                  checkpoint_blocks=(0,) if gpus == 1 else ())
+    training = TrainConfig(seq_len=256, global_batch_size=2 * gpus)
+    report = validate(api.estimate_plan(model, training, "h100-sxm", knobs), mode="simulate")
+    assert report.verdict is Verdict.PASS, report.notes
+    assert abs(report.errors["peak_allocated"]) < 0.03
+    assert any("attention dropout is left out" in note for note in report.notes) == (attention == "flash")
+
+
+def test_as_on_a_gpu_keeps_the_other_dropouts() -> None:
+    from validate.reference_model import AttentionCore, Dropout, build_model
+    from validate.simulate import as_on_a_gpu
+
+    net = build_model(SMALL.model_copy(update={"dropout": 0.1}))
+    assert as_on_a_gpu(net)
+    assert all(m.dropout == 0.0 for m in net.modules() if isinstance(m, AttentionCore))
+    others = [m for m in net.modules() if isinstance(m, Dropout)]
+    assert others and all(m.p == 0.1 for m in others)
+    assert not as_on_a_gpu(net)  # nothing left to change
+    assert not as_on_a_gpu(build_model(ModelConfig.model_validate({**SMALL.model_dump(), "dropout": 0.1,
+                                                                   "attention": "eager"})))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("precision", "blocks"), [("fp32", tuple(range(0, 32, 4))), ("bf16-true", tuple(range(32)))])
 def test_simulate_7b(precision: str, blocks: tuple[int, ...]) -> None:
