@@ -111,6 +111,10 @@ def run(plan: PlanResult, device: str = "cuda", steps: int = 5, calibrate_cpu: b
     est = estimate(model, training, profile, knobs, plan.hbm_cap_bytes) if profile is not None else plan.best.estimate
     if dev.type == "cpu":
         _check_host_memory(est)
+        if model.dropout > 0 and model.attention is AttentionImpl.FLASH:
+            notes += ("the CPU's fused attention has no dropout: PyTorch runs its math kernel here, which keeps the "
+                      "T x T probabilities that a GPU's flash kernel (and the plan) does not; --mode simulate "
+                      "measures what a GPU keeps",)
     predicted = _predicted(est)
     label = f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     try:

@@ -56,6 +56,17 @@ def test_simulate_with_dropout(attention: str, gpus: int, stage: int, precision:
     assert any("attention dropout is left out" in note for note in report.notes) == (attention == "flash")
 
 
+def test_run_on_cpu_with_dropout_says_why_memory_reads_high() -> None:
+    """A real CPU step cannot run flash attention with dropout: the math kernel keeps T x T
+    probabilities the plan (for a GPU) does not count. The report fails on memory and says why."""
+    model = ModelConfig.model_validate({**SMALL.model_dump(), "n_layers": 2, "dropout": 0.1})
+    plan = api.estimate_plan(model, TrainConfig(seq_len=256, global_batch_size=2), "h100-sxm",
+                             Knobs(micro_batch_size=2, grad_accum_steps=1, precision="fp32"))
+    report = validate(plan, mode="run", device="cpu", steps=1)
+    assert report.errors["peak_allocated"] > 0.10
+    assert any("math kernel here" in note and "--mode simulate" in note for note in report.notes)
+
+
 def test_as_on_a_gpu_keeps_the_other_dropouts() -> None:
     from validate.reference_model import AttentionCore, Dropout, build_model
     from validate.simulate import as_on_a_gpu
