@@ -120,7 +120,7 @@ def ring_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, parallel:
     n = parallel.world_size
     if n <= 1 or n_bytes <= 0:
         return 0.0
-    factor = (2.0 if kind is Collective.ALL_REDUCE else 1.0) * (n - 1) / n
+    factor = (2.0 if Collective(kind) is Collective.ALL_REDUCE else 1.0) * (n - 1) / n
     return factor * n_bytes / link_bandwidth_bytes_per_s(hw, parallel) + n_collectives * hw.collective_latency_s
 
 

@@ -162,7 +162,8 @@ def _add_points(
     workers can both claim it, run it, and the second one's ``tell`` fails ("Cannot tell a
     COMPLETE trial"). A finished trial added in one write cannot be claimed twice; two workers
     adding the same point at once leave a harmless duplicate."""
-    seen = {_point(t) for t in study.get_trials(deepcopy=False) if _MB in t.params and _PRECISION in t.params}
+    complete = (optuna.trial.TrialState.COMPLETE,)  # a failed or abandoned trial's point is priced again
+    seen = {_point(t) for t in study.get_trials(deepcopy=False, states=complete)}
     added = 0
     for point in points:
         if point in seen:
@@ -219,6 +220,7 @@ def run_search(
     if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
         known = [(mb, precision.value, stage) for mb, precision, stage in space.known_good()]
         done = _add_points(study, space, known, price)
+        n_trials = max(n_trials, done)  # more precisions than --trials: the known-good points are the budget
         if on_trial is not None and done:
             on_trial(done, n_trials)
 
@@ -288,5 +290,6 @@ def _polish(
         incumbent = min(feasible, key=lambda t: (t.value, t.number))
         visited = {_point(t) for t in trials} | set(evaluations)
         fresh = [n for n in space.neighbours(*_point(incumbent)) if n not in visited]
-        if not fresh or not _add_points(study, space, fresh, price):
+        if not fresh:
             return
+        _add_points(study, space, fresh, price)  # each pass completes at least one new point: it ends

@@ -101,11 +101,11 @@ def test_run_on_cpu_real_step() -> None:
     2-core machine: errors from -11% to +45% (median +10%), two of them past 40%. So the time gets
     up to three tries (both sides are re-measured each time); a systematic error fails all three.
     Bytes and FLOPs are deterministic and checked on every try."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     model = SMALL.model_copy(update={"n_layers": 2})
     training = TrainConfig(seq_len=256, global_batch_size=8)
     plan = _plan(model, training, Knobs(micro_batch_size=4, grad_accum_steps=2, precision="fp32"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     time_errors = []
     try:
         for _ in range(3):
