@@ -25,6 +25,18 @@ def _start_worker(url: str, seed: int, env: dict[str, str] | None = None) -> sub
     )
 
 
+def _run_workers(url: str, env: dict[str, str] | None = None) -> list[tuple[subprocess.Popen[str], str, str]]:
+    """Two workers (seeds 1 and 2) on one study, run to the end: (process, stdout, stderr) each."""
+    procs = [_start_worker(url, seed, env) for seed in (1, 2)]
+    try:
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return [(proc, out, err) for proc, (out, err) in zip(procs, outputs, strict=True)]
+
+
 # Loaded by the workers of the slow-database test (a sitecustomize on their PYTHONPATH): every read
 # of a trial that is still waiting to be claimed takes half a second, as on a loaded machine.
 _SLOW_CLAIM = """
@@ -55,14 +67,7 @@ def test_two_workers_on_a_slow_database(tmp_path: Path) -> None:
     optuna.storages.RDBStorage(url)
     pythonpath = os.pathsep.join(filter(None, [str(tmp_path / "slow"), os.environ.get("PYTHONPATH")]))
     marker = tmp_path / "patched.txt"
-    procs = [_start_worker(url, seed, {"PYTHONPATH": pythonpath, "SLOW_CLAIM_MARKER": str(marker)}) for seed in (1, 2)]
-    try:
-        outputs = [proc.communicate(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for proc, (out, err) in zip(procs, outputs, strict=True):
+    for proc, out, err in _run_workers(url, {"PYTHONPATH": pythonpath, "SLOW_CLAIM_MARKER": str(marker)}):
         assert proc.returncode == 0, err
         assert "Traceback" not in err and "already set" not in err and "Error in sitecustomize" not in err
         assert json.loads(out)["best"]["estimate"]["memory"]["fits"] is True
@@ -116,17 +121,12 @@ def test_two_processes_share_a_study(tmp_path: Path) -> None:
     # (see test_workers_racing_to_create_the_storage); create them first, as optuna advises
     optuna.storages.RDBStorage(url)
 
-    procs = [_start_worker(url, 1), _start_worker(url, 2)]
-    try:
-        outputs = [proc.communicate(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for proc, (_, err) in zip(procs, outputs, strict=True):
+    runs = _run_workers(url)
+    procs = [proc for proc, _, _ in runs]
+    for proc, _, err in runs:
         assert proc.returncode == 0, err
         assert "Traceback" not in err
-    results = [json.loads(out) for out, _ in outputs]
+    results = [json.loads(out) for _, out, _ in runs]
 
     study = optuna.load_study(study_name="shared", storage=url)
     workers = {t.user_attrs.get("worker") for t in study.trials}
