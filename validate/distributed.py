@@ -32,7 +32,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hardware.errors import ConfigError, PlannerError
 from hardware.profile import HardwareProfile
-from planner.config import AttentionImpl, ModelConfig
 from planner.estimate import cached_graph, compute_spec, estimate
 from planner.parallel import zero1_partition
 from planner.precision import precision_spec
@@ -51,7 +50,7 @@ from validate.apply import (
 from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport
 from validate.run import _predicted, build_report, measure_steps
-from validate.simulate import GPU_ATTENTION_DROPOUT_NOTE, as_on_a_gpu
+from validate.simulate import as_on_a_gpu, simulated_dropout_note
 from validate.tracker import LiveStorageTracker
 
 
@@ -117,10 +116,6 @@ def _simulate_fsdp(plan: PlanResult) -> int:
         return tracker.peak_bytes
 
 
-def _dropout_note(model: ModelConfig) -> tuple[str, ...]:
-    return (GPU_ATTENTION_DROPOUT_NOTE,) if model.dropout > 0 and model.attention is AttentionImpl.FLASH else ()
-
-
 def simulate_rank(plan: PlanResult) -> ValidationReport:
     """The rank with the most state, in one process under fake tensors (FSDP2 run on a fake
     process group; DDP and ZeRO-1 emulated)."""
@@ -130,7 +125,7 @@ def simulate_rank(plan: PlanResult) -> ValidationReport:
     if knobs.zero_stage >= 2:
         measured = Figures(peak_allocated_bytes=_simulate_fsdp(plan))
         notes = (f"simulate: rank 0 of {knobs.data_parallel} running FSDP2 on a fake process group under fake "
-                 "tensors (collectives are no-ops on the real buffers); no communication time",) + _dropout_note(model)
+                 "tensors (collectives are no-ops on the real buffers); no communication time",) + simulated_dropout_note(model)
         return _report(plan, Mode.SIMULATE, "cpu (fake tensors, fake process group)", 1, predicted, [measured], notes,
                        TOLERANCES[(Mode.SIMULATE, "cpu")])
     spec = precision_spec(knobs.precision)
@@ -164,7 +159,7 @@ def simulate_rank(plan: PlanResult) -> ValidationReport:
     measured = Figures(peak_allocated_bytes=tracker.peak_bytes)
     notes = (f"simulate: rank with the largest optimizer partition of {knobs.data_parallel}, emulated in one process "
              "under fake tensors (gradients held as DDP's buckets, ZeRO-1 state of that rank only); no communication",)
-    notes += _dropout_note(model)
+    notes += simulated_dropout_note(model)
     return _report(plan, Mode.SIMULATE, "cpu (fake tensors)", 1, predicted, [measured], notes,
                    TOLERANCES[(Mode.SIMULATE, "cpu")])
 

@@ -22,7 +22,6 @@ import torch
 
 from hardware.errors import ConfigError
 from hardware.profile import HardwareProfile
-from planner.config import AttentionImpl
 from planner.estimate import Estimate, cached_graph, estimate
 from planner.precision import precision_spec
 from planner.results import PlanResult
@@ -30,7 +29,7 @@ from validate.apply import configure_model, make_optimizer, make_scaler, optimiz
 from validate.flops import flop_counter
 from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport, judge
-from validate.simulate import GPU_ATTENTION_DROPOUT_NOTE, simulate_step
+from validate.simulate import flash_with_dropout, simulate_step, simulated_dropout_note
 from validate.tracker import LiveStorageTracker
 
 WARMUP_STEPS = 2  # the first step creates the optimizer state; the second is the steady state
@@ -82,8 +81,7 @@ def simulate(plan: PlanResult) -> ValidationReport:
     expected = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None})
     notes: tuple[str, ...] = ("simulate: fake tensors measure bytes and FLOPs exactly but take no time; FLOPs "
                               "compared as hardware FLOPs (recomputation included)",)
-    if model.dropout > 0 and model.attention is AttentionImpl.FLASH:
-        notes += (GPU_ATTENTION_DROPOUT_NOTE,)
+    notes += simulated_dropout_note(model)
     return build_report(plan, Mode.SIMULATE, f"cpu (fake tensors, {os.cpu_count()} cores)", 1, expected, measured,
                    fits=True, notes=notes)
 
@@ -111,7 +109,7 @@ def run(plan: PlanResult, device: str = "cuda", steps: int = 5, calibrate_cpu: b
     est = estimate(model, training, profile, knobs, plan.hbm_cap_bytes) if profile is not None else plan.best.estimate
     if dev.type == "cpu":
         _check_host_memory(est)
-        if model.dropout > 0 and model.attention is AttentionImpl.FLASH:
+        if flash_with_dropout(model):
             notes += ("the CPU's fused attention has no dropout: PyTorch runs its math kernel here, which keeps the "
                       "T x T probabilities that a GPU's flash kernel (and the plan) does not; --mode simulate "
                       "measures what a GPU keeps",)

@@ -28,6 +28,16 @@ GPU_ATTENTION_DROPOUT_NOTE = (
     "flash kernel keeps only its RNG state; the other dropouts are simulated")
 
 
+def flash_with_dropout(model: ModelConfig) -> bool:
+    """The configuration whose CPU attention differs from a GPU's (see ``as_on_a_gpu``)."""
+    return model.dropout > 0 and model.attention is AttentionImpl.FLASH
+
+
+def simulated_dropout_note(model: ModelConfig) -> tuple[str, ...]:
+    """The report's note when ``as_on_a_gpu`` changed the simulated model."""
+    return (GPU_ATTENTION_DROPOUT_NOTE,) if flash_with_dropout(model) else ()
+
+
 def as_on_a_gpu(net: torch.nn.Module) -> bool:
     """Make the simulated attention keep what a GPU's fused attention keeps. With dropout, CPU
     SDPA drops to the math kernel, which saves the B x N x T x T probabilities and mask; flash
