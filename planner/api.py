@@ -18,8 +18,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from hardware.profile import HardwareProfile
-from hardware.registry import load_hardware
-from hardware.units import parse_bytes
+from hardware.registry import bundled_names, load_hardware
+from hardware.units import format_bytes, parse_bytes
 from hardware.validation import describe_validation_error
 from planner.advice import infeasible_message
 from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
@@ -57,8 +57,22 @@ def load_model(
 
 
 def hbm_cap(hardware: HardwareProfile, hbm: str | int | None) -> int:
-    """The memory cap: ``--hbm`` if given (``80GB``, ``80GiB``, bytes), else the device's HBM."""
-    return hardware.hbm_bytes if hbm is None else parse_bytes(hbm, "--hbm")
+    """The memory cap: ``--hbm`` if given (``80GB``, ``80GiB``, bytes), else the device's HBM.
+
+    A cap above the device's memory is refused: no plan can use memory the device lacks."""
+    if hbm is None:
+        return hardware.hbm_bytes
+    cap = parse_bytes(hbm, "--hbm")
+    if cap > hardware.hbm_bytes:
+        larger = [name for name in bundled_names()
+                  if load_hardware(name).kind == hardware.kind and load_hardware(name).hbm_bytes >= cap]
+        other = f"--hardware {' or '.join(larger)}" if larger else "no bundled profile has that much; a profile YAML"
+        raise ConfigError(
+            f"--hbm: {hbm} ({format_bytes(cap)}) is more than the {format_bytes(hardware.hbm_bytes)} "
+            f"({format_bytes(hardware.hbm_bytes, binary=True)}) of memory of one {hardware.name}; give a cap of at most "
+            f"that, or a device with more memory ({other})"
+        )
+    return cap
 
 
 def summarize_model(model: ModelConfig) -> ModelSummary:
@@ -75,7 +89,7 @@ def estimate_plan(
 ) -> PlanResult:
     """The estimate of one fully fixed configuration (``knobs.data_parallel`` GPUs), as a plan result."""
     hw = load_hardware(hardware)
-    cap = hbm if isinstance(hbm, int) else hbm_cap(hw, hbm)
+    cap = hbm_cap(hw, hbm)
     result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap, gpus_per_node=gpus_per_node)
     return PlanResult(
         model=summarize_model(model),
@@ -207,14 +221,16 @@ def validate(
     device: str | None = None,
     steps: int = 5,
     hardware: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Any:
     """Run ``plan`` (a PlanResult or a plan file) in PyTorch and compare: returns a
-    ``validate.report.ValidationReport``. Imports torch (lazily, here)."""
+    ``validate.report.ValidationReport``. Imports torch (lazily, here). ``progress`` is called
+    with each stage's description as it starts."""
     try:
         from validate.api import validate as run_validation
     except ImportError:
         raise ConfigError("validate: needs torch; pip install torch (or roofplan[validate])") from None
-    return run_validation(plan, mode=mode, device=device, steps=steps, hardware=hardware)
+    return run_validation(plan, mode=mode, device=device, steps=steps, hardware=hardware, progress=progress)
 
 
 def _policies(precisions: Sequence[str] | str | None) -> tuple[PrecisionPolicy, ...] | None:

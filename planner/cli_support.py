@@ -1,9 +1,11 @@
-"""What every roofplan command shares: an argument parser whose errors are one line, exit 2."""
+"""What every roofplan command shares: an argument parser whose errors are one line (exit 2), and a
+progress display for long work."""
 
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -11,3 +13,35 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class StageProgress:
+    """A rich spinner on stderr naming the stage of long work (validation) and its elapsed time;
+    a no-op when stderr is not a terminal. Use as a context manager; call the returned function
+    with each stage's description as it starts."""
+
+    def __init__(self, enabled: bool, prefix: str) -> None:
+        self.enabled = enabled
+        self.prefix = prefix
+        self.status: Any = None
+        self.started = 0.0
+
+    def __enter__(self) -> Callable[[str], None]:
+        if not self.enabled:
+            return lambda _text: None
+        import time
+
+        from rich.console import Console
+
+        self.started = time.perf_counter()
+        self.status = Console(stderr=True).status(f"{self.prefix}: starting")
+        self.status.__enter__()
+
+        def show(text: str) -> None:
+            self.status.update(f"{self.prefix}: {text} ({time.perf_counter() - self.started:.0f} s so far)")
+
+        return show
+
+    def __exit__(self, *exc: object) -> None:
+        if self.status is not None:
+            self.status.__exit__(None, None, None)

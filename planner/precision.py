@@ -50,6 +50,13 @@ class PrecisionSpec(BaseModel):
     matmul_precision: ComputePrecision
     autocast_dtype: DType | None  # low-precision dtype autocast casts matmul inputs to; None = no autocast
     loss_scaling: bool
+    trades: str | None = None  # what the policy gives up against fp32 training; None: trains like fp32
+
+    @property
+    def changes_numerics(self) -> bool:
+        """Whether training under this policy departs from the fp32 baseline's updates (searched
+        only when named with ``--precision``; the report says what it trades)."""
+        return self.trades is not None
 
     @property
     def activation_dtype(self) -> DType:
@@ -83,9 +90,13 @@ PRECISION_SPECS: dict[PrecisionPolicy, PrecisionSpec] = {
                       matmul_precision=ComputePrecision.FP16, autocast_dtype=DType.FP16, loss_scaling=True),
         PrecisionSpec(policy=PrecisionPolicy.BF16_TRUE, param_dtype=DType.BF16, grad_dtype=DType.BF16,
                       master_dtype=None, matmul_precision=ComputePrecision.BF16, autocast_dtype=None,
-                      loss_scaling=False),
+                      loss_scaling=False,
+                      trades="bf16 weights and AdamW moments, no fp32 master copy: an update smaller than bf16's "
+                             "resolution (8 bits of mantissa, about 1/256 of the weight) is lost"),
         PrecisionSpec(policy=PrecisionPolicy.FP8_MIXED, param_dtype=_FP32, grad_dtype=_FP32, master_dtype=None,
-                      matmul_precision=ComputePrecision.FP8, autocast_dtype=DType.BF16, loss_scaling=False),
+                      matmul_precision=ComputePrecision.FP8, autocast_dtype=DType.BF16, loss_scaling=False,
+                      trades="fp8 matmul inputs (E4M3, 3 bits of mantissa, per-tensor scales): lower-precision "
+                             "products than bf16, which can change the loss curve"),
     )
 }
 

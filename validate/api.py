@@ -12,6 +12,7 @@ from hardware.registry import load_hardware
 from planner.results import PlanResult
 from validate.report import ValidationReport
 from validate.run import run, simulate
+from validate.simulate import Progress
 
 
 class RequestedMode(StrEnum):
@@ -28,9 +29,11 @@ def validate(
     device: str | None = None,
     steps: int = 5,
     hardware: str | Path | None = None,
+    progress: Progress | None = None,
 ) -> ValidationReport:
     """Measure ``plan`` (a PlanResult or a plan file): ``simulate`` (fake tensors), ``run`` on a
-    device, or ``auto`` (run on CUDA when available, else simulate)."""
+    device, or ``auto`` (run on CUDA when available, else simulate). ``progress`` is called with
+    a short description of each stage as it starts."""
     if not isinstance(plan, PlanResult):
         plan = PlanResult.load(plan)
     try:
@@ -38,26 +41,26 @@ def validate(
     except ValueError:
         raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run") from None
     if plan.best.knobs.data_parallel > 1:
-        return _validate_data_parallel(plan, requested, device, steps, hardware)
+        return _validate_data_parallel(plan, requested, device, steps, hardware, progress)
     if requested is RequestedMode.AUTO:
         requested = RequestedMode.RUN if torch.cuda.is_available() else RequestedMode.SIMULATE
     if requested is RequestedMode.SIMULATE:
         if device == "cuda":
             raise ConfigError("--device: simulate runs on the CPU under fake tensors; drop --device or use --mode run")
-        return simulate(plan)
+        return simulate(plan, progress)
     profile = load_hardware(hardware) if hardware is not None else None
-    return run(plan, device=device or "cuda", steps=steps, profile=profile)
+    return run(plan, device=device or "cuda", steps=steps, profile=profile, progress=progress)
 
 
 def _validate_data_parallel(plan: PlanResult, mode: RequestedMode, device: str | None, steps: int,
-                            hardware: str | Path | None) -> ValidationReport:
+                            hardware: str | Path | None, progress: Progress | None = None) -> ValidationReport:
     from validate.distributed import launched_by_torchrun, run_rank, simulate_rank
 
     gpus = plan.best.knobs.data_parallel
     if mode is RequestedMode.AUTO:
         mode = RequestedMode.RUN if launched_by_torchrun() else RequestedMode.SIMULATE
     if mode is RequestedMode.SIMULATE:
-        return simulate_rank(plan)
+        return simulate_rank(plan, progress)
     if not launched_by_torchrun():
         raise ConfigError(f"--mode run: this plan uses {gpus} GPUs; launch it with torchrun --nproc-per-node {gpus} "
                           "-m validate PLAN.json --mode run (or --mode simulate for one rank in this process)")

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hardware.errors import PlannerError
-from planner.cli_support import OneLineParser
+from planner.cli_support import OneLineParser, StageProgress
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,14 +27,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    """What can be checked without torch, before it is imported (a few seconds on a cold start)."""
+    from hardware.errors import ConfigError
+    from hardware.registry import load_hardware
+
+    if args.steps <= 0:
+        raise ConfigError(f"--steps: must be positive, got {args.steps}")
+    if args.mode == "simulate" and args.device == "cuda":
+        raise ConfigError("--device: simulate runs on the CPU under fake tensors; drop --device or use --mode run")
+    if args.hardware is not None:
+        load_hardware(args.hardware)
+
+
+def _import_api():  # noqa: ANN202
+    """``validate.api`` (imports torch), or a one-line error naming what to install."""
+    from hardware.errors import ConfigError
+
+    try:
+        from validate import api
+    except ImportError as error:
+        missing = error.name or "torch"
+        raise ConfigError(f"needs {missing}, which is not installed; pip install torch "
+                          "(or roofplan[validate])") from None
+    return api
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         from planner.results import PlanResult
-        from validate import api
 
+        _check_arguments(args)
         plan = PlanResult.load(args.plan)
-        report = api.validate(plan, mode=args.mode, device=args.device, steps=args.steps, hardware=args.hardware)
+        api = _import_api()
+        with StageProgress(sys.stderr.isatty(), "validate") as progress:
+            report = api.validate(plan, mode=args.mode, device=args.device, steps=args.steps, hardware=args.hardware,
+                                  progress=progress)
     except PlannerError as error:
         if error.exit_code == 0:  # a non-zero torchrun rank: rank 0 prints the report
             return 0

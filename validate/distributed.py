@@ -50,7 +50,7 @@ from validate.apply import (
 from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport
 from validate.run import _predicted, build_report, measure_steps
-from validate.simulate import as_on_a_gpu, simulated_dropout_note
+from validate.simulate import Progress, as_on_a_gpu, shortened_step_note, simulated_dropout_note, steady_state_knobs
 from validate.tracker import LiveStorageTracker
 
 
@@ -93,9 +93,9 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
 
 def _simulate_fsdp(plan: PlanResult) -> int:
     """Peak bytes of rank 0 running the plan's FSDP2 step under a fake process group."""
-    model, training, knobs = plan.model.config, plan.training, plan.best.knobs
+    model, training, knobs = plan.model.config, plan.training, steady_state_knobs(plan.best.knobs)
     spec = precision_spec(knobs.precision)
-    rows = knobs.micro_batch_size * knobs.grad_accum_steps
+    rows = plan.best.knobs.micro_batch_size * plan.best.knobs.grad_accum_steps  # the whole step's batch
     with fake_process_group(knobs.data_parallel) as mesh, FakeTensorMode():
         built = configure_model(build_model(model, param_dtype(spec)), knobs)
         as_on_a_gpu(built)
@@ -116,21 +116,25 @@ def _simulate_fsdp(plan: PlanResult) -> int:
         return tracker.peak_bytes
 
 
-def simulate_rank(plan: PlanResult) -> ValidationReport:
+def simulate_rank(plan: PlanResult, progress: Progress | None = None) -> ValidationReport:
     """The rank with the most state, in one process under fake tensors (FSDP2 run on a fake
-    process group; DDP and ZeRO-1 emulated)."""
-    model, training, knobs = plan.model.config, plan.training, plan.best.knobs
+    process group; DDP and ZeRO-1 emulated), with at most three micro-batches per step
+    (``steady_state_knobs``: the same peak)."""
+    model, training, knobs = plan.model.config, plan.training, steady_state_knobs(plan.best.knobs)
+    say = progress or (lambda _text: None)
+    say(f"simulating rank 0 of {knobs.data_parallel} under fake tensors")
     predicted = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None,
                                                                   "model_flops_per_step": None})
     if knobs.zero_stage >= 2:
         measured = Figures(peak_allocated_bytes=_simulate_fsdp(plan))
         notes = (f"simulate: rank 0 of {knobs.data_parallel} running FSDP2 on a fake process group under fake "
-                 "tensors (collectives are no-ops on the real buffers); no communication time",) + simulated_dropout_note(model)
+                 "tensors (collectives are no-ops on the real buffers); no communication time",)
+        notes += shortened_step_note(plan.best.knobs, flops_counted=False) + simulated_dropout_note(model)
         return _report(plan, Mode.SIMULATE, "cpu (fake tensors, fake process group)", 1, predicted, [measured], notes,
                        TOLERANCES[(Mode.SIMULATE, "cpu")])
     spec = precision_spec(knobs.precision)
     graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
-    rows = knobs.micro_batch_size * knobs.grad_accum_steps
+    rows = plan.best.knobs.micro_batch_size * plan.best.knobs.grad_accum_steps  # the whole step's batch
     with FakeTensorMode():
         net = configure_model(build_model(model, param_dtype(spec)), knobs)
         as_on_a_gpu(net)
@@ -159,7 +163,7 @@ def simulate_rank(plan: PlanResult) -> ValidationReport:
     measured = Figures(peak_allocated_bytes=tracker.peak_bytes)
     notes = (f"simulate: rank with the largest optimizer partition of {knobs.data_parallel}, emulated in one process "
              "under fake tensors (gradients held as DDP's buckets, ZeRO-1 state of that rank only); no communication",)
-    notes += simulated_dropout_note(model)
+    notes += shortened_step_note(plan.best.knobs, flops_counted=False) + simulated_dropout_note(model)
     return _report(plan, Mode.SIMULATE, "cpu (fake tensors)", 1, predicted, [measured], notes,
                    TOLERANCES[(Mode.SIMULATE, "cpu")])
 

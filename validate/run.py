@@ -29,7 +29,13 @@ from validate.apply import configure_model, make_optimizer, make_scaler, optimiz
 from validate.flops import flop_counter
 from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport, judge
-from validate.simulate import flash_with_dropout, simulate_step, simulated_dropout_note
+from validate.simulate import (
+    Progress,
+    flash_with_dropout,
+    shortened_step_note,
+    simulate_step,
+    simulated_dropout_note,
+)
 from validate.tracker import LiveStorageTracker
 
 WARMUP_STEPS = 2  # the first step creates the optimizer state; the second is the steady state
@@ -73,23 +79,24 @@ def build_report(plan: PlanResult, mode: Mode, device: str, steps: int, predicte
     )
 
 
-def simulate(plan: PlanResult) -> ValidationReport:
+def simulate(plan: PlanResult, progress: Progress | None = None) -> ValidationReport:
     """Fake tensors: the plan's exact bytes and FLOPs in real PyTorch code, any size, no GPU."""
     model, training, knobs = plan.model.config, plan.training, plan.best.knobs
-    step = simulate_step(model, training, knobs)
+    step = simulate_step(model, training, knobs, progress=progress)
     measured = Figures(peak_allocated_bytes=step.peak_allocated_bytes, model_flops_per_step=step.flops_per_step)
     expected = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None})
     notes: tuple[str, ...] = ("simulate: fake tensors measure bytes and FLOPs exactly but take no time; FLOPs "
                               "compared as hardware FLOPs (recomputation included)",)
-    notes += simulated_dropout_note(model)
+    notes += shortened_step_note(knobs) + simulated_dropout_note(model)
     return build_report(plan, Mode.SIMULATE, f"cpu (fake tensors, {os.cpu_count()} cores)", 1, expected, measured,
                    fits=True, notes=notes)
 
 
 def run(plan: PlanResult, device: str = "cuda", steps: int = 5, calibrate_cpu: bool = True,
-        profile: HardwareProfile | None = None) -> ValidationReport:
+        profile: HardwareProfile | None = None, progress: Progress | None = None) -> ValidationReport:
     """Real steps on ``device``; the prediction is re-made with a profile measured here when
     running on the CPU (or with ``profile`` if given)."""
+    say = progress or (lambda _text: None)
     if steps <= 0:
         raise ConfigError(f"--steps: must be positive, got {steps}")
     model, training, knobs = plan.model.config, plan.training, plan.best.knobs
@@ -102,6 +109,7 @@ def run(plan: PlanResult, device: str = "cuda", steps: int = 5, calibrate_cpu: b
         from validate.calibrate import calibrate
 
         graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
+        say("calibrating the CPU on the plan's kernels")
         profile = calibrate("cpu", workload=graph)
         notes += (f"time predicted with a CPU profile calibrated in this process on the plan's kernels "
                   f"({profile.peak_flops_per_s[spec.matmul_precision] / 1e9:.0f} GFLOP/s, "
@@ -116,6 +124,7 @@ def run(plan: PlanResult, device: str = "cuda", steps: int = 5, calibrate_cpu: b
     predicted = _predicted(est)
     label = f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     try:
+        say(f"running {WARMUP_STEPS} warm-up and {steps} timed steps of {knobs.grad_accum_steps} micro-batches")
         measured = _measure(plan, dev, steps)
     except torch.OutOfMemoryError:
         allocated = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None

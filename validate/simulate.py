@@ -5,10 +5,18 @@ under ``FakeTensorMode`` on the CPU device (fake CUDA tensors crash the CPU buil
 plan is applied exactly as on a GPU, and a steady-state step (the second, once the optimizer
 state exists) is measured by the live-storage tracker (peak allocated bytes, rounded to the
 CUDA allocator's 512-byte blocks) and by FlopCounterMode (forward + backward FLOPs).
+
+A step of A micro-batches is measured with at most three of them (``steady_state_knobs``): the
+first (gradients are allocated, or the FSDP2/DDP no-sync accumulation starts), one middle one
+(every later middle micro-batch repeats its allocations exactly: same shapes, gradients already
+there) and the last (the gradient reduction, then the optimizer step). Peak memory is the same
+as the full step's; FLOPs are counted per micro-batch and for the optimizer step, and scaled to
+A micro-batches (every micro-batch has the same shapes).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +61,40 @@ def as_on_a_gpu(net: torch.nn.Module) -> bool:
     return changed
 
 
+# first, one middle (all later middles repeat it), last: see the module docstring
+MEASURED_MICRO_BATCHES = 3
+
+Progress = Callable[[str], None]
+
+
+def steady_state_knobs(knobs: Knobs) -> Knobs:
+    """The plan with at most ``MEASURED_MICRO_BATCHES`` micro-batches per step: the same peak."""
+    return knobs.model_copy(update={"grad_accum_steps": min(knobs.grad_accum_steps, MEASURED_MICRO_BATCHES)})
+
+
+def shortened_step_note(knobs: Knobs, flops_counted: bool = True) -> tuple[str, ...]:
+    """The report's note on what was measured when the step was shortened."""
+    measured = steady_state_knobs(knobs).grad_accum_steps
+    if measured == knobs.grad_accum_steps:
+        return ()
+    flops = f"; FLOPs counted per micro-batch and scaled to {knobs.grad_accum_steps}" if flops_counted else ""
+    return (f"measured a steady-state step with {measured} of its {knobs.grad_accum_steps} micro-batches (the first, "
+            "one middle, the last): the middle micro-batches repeat the same allocations, so the peak is the full "
+            f"step's{flops}",)
+
+
+def scaled_flops(per_step: Callable[[Knobs], float], knobs: Knobs) -> float:
+    """A step's FLOPs from two short counted steps: one micro-batch (f_mb + f_opt) and
+    ``steady_state_knobs`` (a f_mb + f_opt), so A f_mb + f_opt without running A micro-batches."""
+    short = steady_state_knobs(knobs)
+    one = per_step(knobs.model_copy(update={"grad_accum_steps": 1}))
+    if short.grad_accum_steps == 1:
+        return one
+    several = per_step(short)
+    per_micro = (several - one) / (short.grad_accum_steps - 1)
+    return one + per_micro * (knobs.grad_accum_steps - 1)
+
+
 @dataclass(frozen=True)
 class SimulatedStep:
     peak_allocated_bytes: int
@@ -60,11 +102,16 @@ class SimulatedStep:
     params_bytes: int
 
 
-def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmup_steps: int = 1) -> SimulatedStep:
-    """Measure one steady-state optimizer step of the planned configuration under fake tensors."""
+def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmup_steps: int = 1,
+                  progress: Progress | None = None) -> SimulatedStep:
+    """Measure one steady-state optimizer step of the planned configuration under fake tensors
+    (with at most three of its micro-batches, see the module docstring)."""
+    say = progress or (lambda _text: None)
     spec = precision_spec(knobs.precision)
-    rows = knobs.micro_batch_size * knobs.grad_accum_steps
+    short = steady_state_knobs(knobs)
+    rows = knobs.micro_batch_size * knobs.grad_accum_steps  # the whole step's batch is resident, as in a run
     with FakeTensorMode(allow_non_fake_inputs=False):
+        say("building the model under fake tensors")
         net = configure_model(build_model(model, param_dtype(spec)), knobs)
         as_on_a_gpu(net)
         optimizer = make_optimizer(net, training)
@@ -76,17 +123,21 @@ def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmu
         params_bytes = tracker.live_bytes
         with tracker:
             for _ in range(warmup_steps):
-                train_step(net, optimizer, input_ids, targets, knobs, spec, scaler)
+                say(f"warm-up step ({short.grad_accum_steps} micro-batches; creates the optimizer state)")
+                train_step(net, optimizer, input_ids, targets, short, spec, scaler)
             tracker.reset_peak()
-            train_step(net, optimizer, input_ids, targets, knobs, spec, scaler)
+            say(f"measured step ({short.grad_accum_steps} of {knobs.grad_accum_steps} micro-batches)")
+            train_step(net, optimizer, input_ids, targets, short, spec, scaler)
             peak = tracker.peak_bytes
-        # FLOPs in a step of their own: FlopCounterMode's module hooks hold tensors and would
+
+        # FLOPs in steps of their own: FlopCounterMode's module hooks hold tensors and would
         # inflate the memory measured above
-        counter = flop_counter()
-        with counter:
-            train_step(net, optimizer, input_ids, targets, knobs, spec, scaler)
-    return SimulatedStep(
-        peak_allocated_bytes=peak,
-        flops_per_step=float(counter.get_total_flops()),
-        params_bytes=params_bytes,
-    )
+        def count(step_knobs: Knobs) -> float:
+            counter = flop_counter()
+            with counter:
+                train_step(net, optimizer, input_ids, targets, step_knobs, spec, scaler)
+            return float(counter.get_total_flops())
+
+        say("counting FLOPs")
+        flops = scaled_flops(count, knobs)
+    return SimulatedStep(peak_allocated_bytes=peak, flops_per_step=flops, params_bytes=params_bytes)

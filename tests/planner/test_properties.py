@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hardware.registry import load_hardware
@@ -120,6 +120,31 @@ def test_dropping_accumulation_can_lower_the_peak_as_in_torch() -> None:
     assert predicted == measured
 
 
+# A counterexample to "checkpointing more never adds memory", found by hypothesis: on a small
+# model under autocast, checkpointing only the last block raises the peak by one fp32 B x T x D
+# tensor, because that block's recompute runs at the start of the backward, when the peak is.
+# Real PyTorch does the same: the live-storage tracker (validate.simulate) measures 1,462,784 B
+# without checkpointing and 1,470,976 B with block 0 checkpointed, the planner's delta exactly.
+LAST_BLOCK_CASE = ModelConfig(family="llama", n_layers=1, d_model=64, n_heads=2, n_kv_heads=1, d_ff=256, vocab_size=64,
+                              max_seq_len=256)
+
+
+def test_checkpointing_the_last_block_alone_can_raise_the_peak_as_in_torch() -> None:
+    from validate.simulate import simulate_step
+
+    training = TrainConfig(seq_len=32, global_batch_size=8)
+    predicted, measured = {}, {}
+    for blocks in ((), (0,)):
+        knobs = Knobs(micro_batch_size=1, grad_accum_steps=8, precision=PrecisionPolicy.BF16_MIXED,
+                      checkpoint_blocks=blocks)
+        predicted[blocks] = estimate(LAST_BLOCK_CASE, training, HW, knobs).memory.peak_allocated_bytes
+        measured[blocks] = simulate_step(LAST_BLOCK_CASE, training, knobs).peak_allocated_bytes
+    assert measured[(0,)] > measured[()]  # torch itself
+    assert predicted[(0,)] - predicted[()] == measured[(0,)] - measured[()]  # the planner, to the byte
+    for blocks in predicted:  # and each peak within 0.5%
+        assert abs(predicted[blocks] / measured[blocks] - 1) < 0.005
+
+
 @settings(max_examples=25, deadline=None)
 @given(model=models(), training=trainings, policy=policies, b=st.sampled_from(MICRO_BATCHES), data=st.data())
 def test_checkpointing_more_never_adds_memory_nor_removes_time(
@@ -128,6 +153,8 @@ def test_checkpointing_more_never_adds_memory_nor_removes_time(
     small = data.draw(subsets(model.n_layers), label="fewer")
     extra = data.draw(subsets(model.n_layers), label="extra")
     large = tuple(sorted(set(small) | set(extra)))
+    # the one exception, as in torch (test below): the last block alone, from none
+    assume(small or large != (model.n_layers - 1,) or policy is PrecisionPolicy.FP32)
     few, more = run(model, training, b, policy, small), run(model, training, b, policy, large)
     assert more.memory.peak_allocated_bytes <= few.memory.peak_allocated_bytes
     assert more.step_time_s >= few.step_time_s
