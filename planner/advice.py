@@ -19,15 +19,19 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
     n_blocks = len(knobs.checkpointed)
     segments = f", {len(knobs.checkpoint_segments)} checkpoint segments" if knobs.checkpoint_segments else ""
     parts = " + ".join(f"{c.value} {format_bytes(b)}" for c, b in mem.at_peak.items() if b > 0 and c in Category)
+    sharding = (f", {knobs.data_parallel} GPUs with ZeRO-{knobs.zero_stage}" if knobs.data_parallel > 1 else "")
     lines = [
-        f"nothing fits in {format_bytes(cap_bytes)} on {hardware_name}: the smallest plan found needs "
+        f"nothing fits in {format_bytes(cap_bytes)} on {hardware_name}: the smallest plan needs "
         f"{format_bytes(mem.device_bytes)} on the device",
-        f"  smallest plan: micro-batch {knobs.micro_batch_size} x {knobs.grad_accum_steps} accumulation, "
-        f"{knobs.precision.value}, {n_blocks} blocks checkpointed{segments}",
+        f"  smallest plan (the least memory of every plan searched): micro-batch {knobs.micro_batch_size} x "
+        f"{knobs.grad_accum_steps} accumulation, {knobs.precision.value}, {n_blocks} blocks checkpointed{segments}"
+        f"{sharding}",
         f"  its peak {format_bytes(mem.peak_allocated_bytes)} at {mem.peak_phase.value} / {mem.peak_op}: {parts}",
         f"  device = peak x {hw.fragmentation_factor:g} fragmentation + {format_bytes(hw.runtime_reserve_bytes, binary=True)} reserve",
-        f"  to fit: a cap of at least {format_bytes(mem.device_bytes)} (--hbm {math.ceil(mem.device_bytes / 1e9)}GB)",
     ]
+    if mem.device_bytes <= hw.hbm_bytes:  # the device has it: only the user's cap is too low
+        lines.append(f"  to fit: a cap of at least {format_bytes(mem.device_bytes)} "
+                     f"(--hbm {math.ceil(mem.device_bytes / 1e9)}GB; the {hardware_name} has {format_bytes(hw.hbm_bytes)})")
     temporaries = mem.at_peak.get(Category.TEMPORARIES, 0)
     if mem.peak_phase is Phase.OPTIMIZER and temporaries > 0:
         without = int((mem.peak_allocated_bytes - temporaries) * hw.fragmentation_factor) + hw.runtime_reserve_bytes

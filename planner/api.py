@@ -186,7 +186,8 @@ def plan(
         closest = PlanResult(model=summarize_model(model), training=training, hardware=hw, hbm_cap_bytes=cap,
                              parallel=parallel, best=outcome.closest, search=outcome.stats)
         raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, _scale_out(
-            model, training, hw, cap, space.precisions, gpus, gpus_per_node, grad_sync)), closest=closest)
+            model, training, hw, cap, space.precisions, gpus, gpus_per_node, grad_sync, allow_segments)),
+            closest=closest)
     return PlanResult(
         model=summarize_model(model),
         training=training,
@@ -202,11 +203,12 @@ def plan(
 
 def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap: int,
                precisions: tuple[PrecisionPolicy, ...], gpus: int, gpus_per_node: int,
-               grad_sync: GradSync = GradSync.EVERY) -> str | None:
+               grad_sync: GradSync = GradSync.EVERY, allow_segments: bool = True) -> str | None:
     """"N GPUs with ZeRO-s would hold it" for the fewest N above ``gpus``, or None."""
     from search.scaling import fewest_gpus
 
-    found = fewest_gpus(model, training, hw, cap, precisions, gpus_per_node, start=gpus, fsdp_grad_sync=grad_sync)
+    found = fewest_gpus(model, training, hw, cap, precisions, gpus_per_node, start=gpus, fsdp_grad_sync=grad_sync,
+                        allow_segments=allow_segments)
     if found is None:
         return None
     n, knobs = found

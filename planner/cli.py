@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=None, help="sequences per forward/backward on one GPU (searched if omitted)")
     p.add_argument("--precision", default=None,
                    help="policy or comma list to search: fp32, tf32, bf16-mixed, fp16-mixed, bf16-true, fp8-mixed "
-                        "(default: bf16-mixed,bf16-true where the device runs bf16)")
+                        "(default: bf16-mixed, or fp16-mixed where the device has no bf16: policies that train "
+                        "like fp32; bf16-true and fp8-mixed change numerics and are searched only when named)")
     p.add_argument("--checkpoint", default=None,
                    help="blocks to checkpoint: none, all, or indices like 0,2,5-9 (solved exactly if omitted)")
     p.add_argument("--attention", choices=("flash", "eager"), default=None, help="attention implementation")
@@ -50,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study-name", default=None, help="study to create or join in --storage")
     p.add_argument("--no-segments", action="store_true", help="do not consider multi-block checkpoint segments")
     p.add_argument("--out", default=None, help="write the plan file (JSON) that `validate` runs")
-    p.add_argument("--plot", default=None, help="directory for PNG charts: Pareto front, memory breakdown, timeline")
+    p.add_argument("--plot", default=None, metavar="DIR",
+                   help="write two PNG charts into DIR: pareto.png (step time vs device memory of the plans found) "
+                        "and memory.png (the memory timeline of one step, allocated and device bytes, against the "
+                        "cap); when nothing fits they show the smallest plan")
     p.add_argument("--validate", action="store_true", help="then run the plan in PyTorch (see `validate`)")
     p.add_argument("--validate-mode", choices=("auto", "simulate", "run"), default="auto",
                    help="with --validate: simulate (fake tensors), run, or auto (run on CUDA if present, else simulate)")
@@ -89,7 +93,10 @@ def _run(args: argparse.Namespace) -> int:
         written = write_plots(result, args.plot)
     report = None
     if args.validate:
-        report = api.validate(result, mode=args.validate_mode, device=args.validate_device)
+        from planner.cli_support import StageProgress
+
+        with StageProgress(sys.stderr.isatty(), "validate") as progress:
+            report = api.validate(result, mode=args.validate_mode, device=args.validate_device, progress=progress)
     if args.json:
         data = result.model_dump(mode="json")
         if report is not None:
@@ -141,6 +148,11 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
         print(f"plan: {error}", file=sys.stderr)
         if args.json and error.closest is not None:
             print(json.dumps(error.closest.model_dump(mode="json"), indent=2))  # type: ignore[attr-defined]
+        if args.plot and error.closest is not None:
+            from planner.plots import write_plots
+
+            written = write_plots(error.closest, args.plot)  # type: ignore[arg-type]
+            print(f"charts of the smallest plan written: {', '.join(str(p) for p in written)}", file=sys.stderr)
         return None
 
 

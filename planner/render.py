@@ -9,13 +9,34 @@ from rich.table import Table
 from rich.text import Text
 
 from hardware.units import format_bytes, format_count
-from planner.knobs import GradSync
+from planner.knobs import GradSync, Knobs
 from planner.memory import Category
 from planner.optimizer import optimizer_spec
 from planner.precision import precision_spec
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
+
+
+# How PyTorch runs each ZeRO stage (``Knobs.zero_stage``) in the plans this planner models.
+ZERO_RUNTIME: dict[int, str] = {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer", 2: "FSDP2", 3: "FSDP2"}
+
+NOT_MODELLED = ("not modelled yet: tensor, pipeline, context and expert parallelism, CPU offload "
+                "(modelled: data parallelism with DDP, ZeRO-1 or FSDP2)")
+
+
+def zero_label(knobs: Knobs) -> str:
+    """``ZeRO-1 (DDP + ZeroRedundancyOptimizer)``: the ZeRO stage and how PyTorch runs it."""
+    return f"ZeRO-{knobs.zero_stage} ({ZERO_RUNTIME[knobs.zero_stage]})"
+
+
+def sharding_label(knobs: Knobs) -> str:
+    """``ZeRO-1 (DDP + ZeroRedundancyOptimizer) × 8 GPUs``: the sharding and the data-parallel size."""
+    return f"{zero_label(knobs)} × {knobs.data_parallel} GPUs"
+
+
+def _gpus(knobs: Knobs) -> str:
+    return "one GPU" if knobs.data_parallel == 1 else f"all {knobs.data_parallel} GPUs"
 
 
 def _seconds(value: float) -> str:
@@ -42,6 +63,19 @@ def verdict(result: PlanResult) -> Text:
             f"{_seconds(est.step_time_s)}/step if it fit"
         )
     return text
+
+
+def notes(result: PlanResult) -> list[Text]:
+    """One line per caveat of the chosen plan: a precision that changes training numerics, and
+    on several GPUs what the planner does not model yet."""
+    k = result.best.knobs
+    lines = []
+    trades = precision_spec(k.precision).trades
+    if trades is not None:
+        lines.append(Text(f"{k.precision.value} trades numerics: {trades}", style="yellow"))
+    if k.data_parallel > 1:
+        lines.append(Text(NOT_MODELLED, style="yellow"))
+    return lines
 
 
 def _title(result: PlanResult) -> Text:
@@ -158,12 +192,15 @@ def time_table(result: PlanResult) -> Table:
     table.add_row(Text("step", style="bold"), f"lower bound (pure roofline) {_seconds(tb.lower_bound_s)}", Text(_seconds(tb.step_time_s), style="bold"))
     table.add_row(
         "FLOPs",
-        f"model {est.model_flops_per_step:.3e}, hardware {est.hardware_flops_per_step:.3e} (with recompute)",
+        f"model {est.model_flops_per_step:.3e}, hardware {est.hardware_flops_per_step:.3e} (with recompute), "
+        f"{_gpus(k)}",
         "",
     )
+    gpus = f"{k.data_parallel} GPUs × " if k.data_parallel > 1 else ""
     table.add_row(
         "throughput",
-        f"MFU = {est.model_flops_per_step:.3e} / ({_seconds(est.step_time_s)} × {peak / 1e12:.1f} TFLOP/s {spec.matmul_precision.value})",
+        f"MFU = {est.model_flops_per_step:.3e} / ({_seconds(est.step_time_s)} × {gpus}{peak / 1e12:.1f} TFLOP/s "
+        f"{spec.matmul_precision.value})",
         f"{est.tokens_per_s:,.0f} tok/s · MFU {est.mfu:.1%}",
     )
     table.add_row("limited by", f"{est.limiting_bound.value} (time-weighted over ops)", "")
@@ -175,7 +212,7 @@ def time_table(result: PlanResult) -> Table:
 def ops_table(result: PlanResult, limit: int = 10) -> Table:
     est = result.best.estimate
     total = est.step_time_s
-    table = Table(title="Where the time goes (per step, summed over blocks)", title_justify="left")
+    table = Table(title="Where the time goes (per GPU, per step, summed over blocks)", title_justify="left")
     for column in ("op", "×", "FLOPs", "bytes", "FLOP/B", "bound", "time", "share"):
         table.add_column(column, justify="left" if column in ("op", "bound") else "right")
     for group in est.op_groups[:limit]:
@@ -194,8 +231,12 @@ def ops_table(result: PlanResult, limit: int = 10) -> Table:
 
 def alternatives_table(result: PlanResult) -> Table:
     table = Table(title="Next best plans that fit", title_justify="left")
-    for column in ("micro-batch × accum", "precision", "checkpointed", "device", "step", "vs best"):
-        table.add_column(column, justify="left" if column in ("precision", "checkpointed") else "right")
+    sharded = result.best.knobs.data_parallel > 1
+    left = ("sharding", "precision", "checkpointed")
+    columns = ("micro-batch × accum", *(("sharding",) if sharded else ()), "precision", "checkpointed", "device",
+               "step", "vs best")
+    for column in columns:
+        table.add_column(column, justify="left" if column in left else "right")
     best = result.best.estimate.step_time_s
     n_layers = result.model.config.n_layers
     for entry in result.alternatives:
@@ -203,6 +244,7 @@ def alternatives_table(result: PlanResult) -> Table:
         segments = f" in {len(k.checkpoint_segments)} segments" if k.checkpoint_segments else ""
         table.add_row(
             f"{k.micro_batch_size} × {k.grad_accum_steps}",
+            *((sharding_label(k),) if sharded else ()),
             k.precision.value,
             f"{len(k.checkpointed)}/{n_layers}{segments}",
             format_bytes(est.memory.device_bytes),
@@ -226,8 +268,8 @@ def search_line(result: PlanResult) -> Text:
 
 
 def report(result: PlanResult) -> Group:
-    parts: list[RenderableType] = [_title(result), verdict(result), knobs_table(result), memory_table(result),
-                                   time_table(result), ops_table(result)]
+    parts: list[RenderableType] = [_title(result), verdict(result), *notes(result), knobs_table(result),
+                                   memory_table(result), time_table(result), ops_table(result)]
     if result.alternatives:
         parts.append(alternatives_table(result))
     if result.search is not None:

@@ -168,3 +168,34 @@ def evaluate(
     else:
         chosen = min(points, key=lambda p: (p.device_bytes, p.step_time_s))
     return Evaluation(chosen=chosen, points=tuple(points), cap_bytes=cap_bytes)
+
+
+def least_memory_at(
+    model: ModelConfig,
+    training: TrainConfig,
+    hw: HardwareProfile,
+    base: Knobs,
+    fixed_checkpoint: tuple[int, ...] | None = None,
+    allow_segments: bool = True,
+    gpus_per_node: int = 8,
+) -> tuple[Knobs, int]:
+    """The placement of ``base`` (micro-batch, precision, sharding) with the least peak allocated
+    bytes, and that peak: the exact solver's lowest peak over every count of checkpointed blocks
+    (ties: fewer blocks, so less recompute) and every uniform segmentation the search may choose."""
+    if fixed_checkpoint is not None:
+        knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
+        return knobs, estimate(model, training, hw, knobs, None, gpus_per_node).memory.peak_allocated_bytes
+    spec = check_knobs(model, training, hw, base)
+    graph = cached_graph(model, base.micro_batch_size, training.seq_len, spec)
+    static = static_for(graph, hw, training, base)
+    every = tuple(range(model.n_layers))
+    all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, every),
+                             base.grad_accum_steps, record_trace=True)
+    peak, placement = min(_per_block_curve(model, training, hw, base, all_walk), key=lambda c: c[0])
+    options = [(peak, base.model_copy(update={"checkpoint_blocks": tuple(i for i, s in enumerate(placement) if s)}))]
+    if allow_segments and base.zero_stage < 2:  # FSDP2: blocks only, as the search
+        for segments in segment_plans(model.n_layers):
+            knobs = base.model_copy(update={"checkpoint_segments": segments})
+            options.append((estimate(model, training, hw, knobs, None, gpus_per_node).memory.peak_allocated_bytes, knobs))
+    peak, knobs = min(options, key=lambda option: option[0])  # ties: the first (no segments)
+    return knobs, peak

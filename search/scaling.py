@@ -1,15 +1,20 @@
-"""When nothing fits: the fewest GPUs (and ZeRO stage) that would hold the smallest plan."""
+"""When nothing fits: the fewest GPUs (and least sharding) on which some plan of the space fits.
+
+Each candidate count is answered exactly (``search.smallest.first_fitting``: every micro-batch,
+precision and checkpoint placement the search could choose there, pruned by lower bounds), so
+the advice agrees with the smallest plan the message reports.
+"""
 
 from __future__ import annotations
 
 from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
-from planner.fsdp import FSDP_PRECISIONS
+from planner.errors import ConfigError
 from planner.knobs import GradSync, Knobs
 from planner.parallel import MODELLED_STAGES
 from planner.precision import PrecisionPolicy
-from search.candidates import evaluate
-from search.space import divisors
+from search.smallest import first_fitting
+from search.space import build_space, divisors
 
 
 def fewest_gpus(
@@ -21,6 +26,7 @@ def fewest_gpus(
     gpus_per_node: int,
     start: int = 1,
     fsdp_grad_sync: GradSync = GradSync.EVERY,
+    allow_segments: bool = True,
 ) -> tuple[int, Knobs] | None:
     """The smallest GPU count above ``start`` (a divisor of the global batch) on which some plan
     fits, with the least sharding that makes it fit; None if no count does. With
@@ -28,18 +34,16 @@ def fewest_gpus(
     for gpus in divisors(training.global_batch_size):
         if gpus <= start:
             continue
-        smallest = training.global_batch_size // gpus
         for stage in MODELLED_STAGES:
             if fsdp_grad_sync is GradSync.LAST and stage < 2:
                 continue
-            for precision in precisions:
-                if stage >= 2 and precision not in FSDP_PRECISIONS:
-                    continue
-                for micro in (1, smallest):
-                    if smallest % micro:
-                        continue
-                    ev = evaluate(model, training, hw, cap_bytes, micro, precision, data_parallel=gpus,
-                                  zero_stage=stage, gpus_per_node=gpus_per_node, fsdp_grad_sync=fsdp_grad_sync)
-                    if ev.fits:
-                        return gpus, ev.knobs
+            try:
+                space = build_space(model, training, hw, precisions, allow_segments=allow_segments, gpus=gpus,
+                                    gpus_per_node=gpus_per_node, zero_stage=stage,
+                                    fsdp_grad_sync=fsdp_grad_sync if stage >= 2 else GradSync.EVERY)
+            except ConfigError:  # no policy of the request runs at this stage
+                continue
+            found = first_fitting(model, training, hw, space, cap_bytes)
+            if found is not None:
+                return gpus, found.knobs
     return None

@@ -33,6 +33,7 @@ from planner.precision import PrecisionPolicy
 from planner.results import ParetoPoint, PlanEntry, SearchStats
 from search.candidates import Evaluation, evaluate
 from search.pareto import non_dominated
+from search.smallest import smallest_plan
 from search.space import SearchSpace
 
 _MB, _PRECISION, _ZERO = "micro_batch_size", "precision", "zero_stage"
@@ -66,7 +67,7 @@ class SearchOutcome(BaseModel):
     best: PlanEntry | None
     alternatives: tuple[PlanEntry, ...]
     pareto: tuple[ParetoPoint, ...]
-    closest: PlanEntry | None  # the smallest plan found when nothing fits
+    closest: PlanEntry | None  # when nothing fits: the plan of the space with the least device memory
     stats: SearchStats
 
 
@@ -248,16 +249,9 @@ def run_search(
     best = entry(distinct[0]) if distinct else None
     alternatives = tuple(entry(k) for k in distinct[1 : 1 + options.n_alternatives])
     points = [ParetoPoint.model_validate(p) for t in feasible for p in t.user_attrs.get("pareto", [])]
-    closest = None
-    if best is None and trials:  # the smallest plan: pruned points are priced in full first
-        smallest = min(trials, key=lambda t: (t.user_attrs.get("device_bytes", float("inf")), t.number))
-        knobs = Knobs.model_validate(smallest.user_attrs["knobs"])
-        if smallest.user_attrs.get("pruned"):
-            knobs = evaluate(model, training, hw, cap_bytes, knobs.micro_batch_size, knobs.precision,
-                             space.fixed_checkpoint, space.allow_segments, prune=False,
-                             data_parallel=space.data_parallel, zero_stage=knobs.zero_stage,
-                             gpus_per_node=space.gpus_per_node, fsdp_grad_sync=space.fsdp_grad_sync).knobs
-        closest = entry(knobs)
+    # nothing fits: the least memory over the whole space, computed directly (not the smallest
+    # point a sampler happened to visit), so every sampler reports the same plan
+    closest = entry(smallest_plan(model, training, hw, space).knobs) if best is None else None
     stats = SearchStats(
         sampler=options.sampler.value,
         n_trials=len(trials),

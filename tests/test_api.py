@@ -21,8 +21,8 @@ REQUESTS = [
     # (CLI flags, API call)
     (["--model", "tiny-llama", "--micro-batch", "2", "--precision", "fp32", "--checkpoint", "0"],
      lambda: api.plan(*api.load_model("tiny-llama"), micro_batch_size=2, precisions=["fp32"], checkpoint="0")),
-    (["--model", "tiny-gpt2", "--hardware", "l4", "--hbm", "30GB", "--seed", "3"],
-     lambda: api.plan(*api.load_model("tiny-gpt2"), "l4", "30GB", seed=3)),
+    (["--model", "tiny-gpt2", "--hardware", "l4", "--hbm", "20GB", "--seed", "3"],
+     lambda: api.plan(*api.load_model("tiny-gpt2"), "l4", "20GB", seed=3)),
     (["--model", "tiny-llama", "--global-batch", "16", "--seq-len", "64", "--precision", "bf16-mixed,bf16-true",
       "--sampler", "random", "--trials", "5", "--optimizer-impl", "fused"],
      lambda: api.plan(*api.load_model("tiny-llama", global_batch_size=16, seq_len=64, optimizer_impl="fused"),

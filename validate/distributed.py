@@ -127,7 +127,7 @@ def simulate_rank(plan: PlanResult, progress: Progress | None = None) -> Validat
                                                                   "model_flops_per_step": None})
     if knobs.zero_stage >= 2:
         measured = Figures(peak_allocated_bytes=_simulate_fsdp(plan))
-        notes = (f"simulate: rank 0 of {knobs.data_parallel} running FSDP2 on a fake process group under fake "
+        notes: tuple[str, ...] = (f"simulate: rank 0 of {knobs.data_parallel} running FSDP2 on a fake process group under fake "
                  "tensors (collectives are no-ops on the real buffers); no communication time",)
         notes += shortened_step_note(plan.best.knobs, flops_counted=False) + simulated_dropout_note(model)
         return _report(plan, Mode.SIMULATE, "cpu (fake tensors, fake process group)", 1, predicted, [measured], notes,

@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 import pytest
 
+from hardware.registry import load_hardware
 from hardware.units import format_bytes
 from planner import api
 from planner.cli import main as plan_main
@@ -270,11 +271,11 @@ def test_no_segments(capsys: pytest.CaptureFixture[str]) -> None:
     segment = device_bytes("tiny-llama", 8, 1, "bf16-true", checkpoint_segments=((0, 1),))
     assert segment < per_block
     cap = (segment + per_block) // 2
-    data = plan_json(capsys, *TINY, "--hbm", str(cap))
+    data = plan_json(capsys, *TINY, "--precision", "bf16-true", "--hbm", str(cap))
     assert data["best"]["knobs"]["checkpoint_segments"] == [[0, 1]]
     assert data["best"]["estimate"]["memory"]["device_bytes"] <= cap
 
-    code, out, err = call([*TINY, "--hbm", str(cap), "--no-segments", "--json"], capsys)
+    code, out, err = call([*TINY, "--precision", "bf16-true", "--hbm", str(cap), "--no-segments", "--json"], capsys)
     assert code == 1, err
     assert "needs" in err and "Traceback" not in err
     assert "segments" not in err  # the smallest plan reported is a per-block one
@@ -359,8 +360,10 @@ def _assert_infeasible_message(err: str, smallest: int) -> None:
     assert f"needs {format_bytes(smallest)}" in err, err
     for part in ("params", "grads", "optimizer"):
         assert part in err, part
-    assert "to fit" in err
-    assert "--hbm" in err  # the advice names the flag and the cap that would do
+    # a larger cap is advised only where the device has it (a cap above the device is refused);
+    # otherwise the advice names devices or GPU counts that hold the plan
+    assert ("to fit: a cap of at least" in err) == (smallest <= load_hardware("h100-sxm").hbm_bytes)
+    assert "--gpus" in err or "to fit: a cap" in err
 
 
 def test_infeasible_exits_1_with_advice(capsys: pytest.CaptureFixture[str]) -> None:

@@ -79,13 +79,13 @@ def test_two_workers_on_a_slow_database(tmp_path: Path) -> None:
 
 def test_a_failed_trial_is_priced_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A point whose trial failed or was abandoned (a worker killed mid-trial) is not "seen": the
-    next worker prices it (here the known-good point micro-batch 1, bf16-true)."""
+    next worker prices it (here the known-good point micro-batch 1, bf16-mixed)."""
     url = sqlite_url(tmp_path / "s.db")
     study = optuna.create_study(storage=url, study_name="s", direction="minimize")
     distributions = {"micro_batch_size": optuna.distributions.CategoricalDistribution(list(DIVISORS_OF_8)),
                      "precision": optuna.distributions.CategoricalDistribution(list(DEFAULT_PRECISIONS)),
                      "zero_stage": optuna.distributions.CategoricalDistribution([0])}
-    params = {"micro_batch_size": 1, "precision": "bf16-true", "zero_stage": 0}
+    params = {"micro_batch_size": 1, "precision": "bf16-mixed", "zero_stage": 0}
     for state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING):
         study.add_trial(optuna.trial.create_trial(state=state, params=params, distributions=distributions))
     code, _, err = call([*TINY, "--trials", "3", "--storage", url, "--study-name", "s", "--json"], capsys)

@@ -1,0 +1,126 @@
+"""When nothing fits, the smallest plan is the true minimum of the space, the same for every
+sampler, in the message, in --json and in the fewest-GPUs advice.
+
+Regression: `plan --model llama3-70b --gpus 8 --hardware a100-sxm-80gb` reported 131.2 GB with
+TPE, 273.2 GB with the exhaustive sampler and 106.3 GB with --micro-batch 1: the "smallest plan"
+was the smallest point a sampler had visited (pruned points reported their lower bound)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from hardware.registry import load_hardware
+from planner import api
+from planner.cli import main as plan_main
+from planner.config import ModelConfig, TrainConfig
+from planner.errors import InfeasibleError
+from planner.estimate import estimate
+from planner.knobs import GradSync, Knobs
+from planner.precision import PrecisionPolicy
+from search.candidates import segment_plans
+from search.scaling import fewest_gpus
+from search.smallest import first_fitting, smallest_plan
+from search.space import SearchSpace, build_space
+
+HW = load_hardware("h100-sxm")
+SMALL = ModelConfig(family="llama", n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, d_ff=176, vocab_size=2048,
+                    max_seq_len=256)
+GPT = ModelConfig(family="gpt2", n_layers=3, d_model=64, n_heads=2, d_ff=256, vocab_size=512, max_seq_len=256,
+                  attention="eager", dropout=0.1)
+
+
+def _exhaustive_minimum(model: ModelConfig, training: TrainConfig, space: SearchSpace) -> int:
+    """Every (micro-batch, precision, stage) x every subset of blocks x every segmentation."""
+    best = None
+    for mb, precision, stage in itertools.product(space.micro_batch_sizes, space.precisions, space.zero_stages):
+        if not space.allows(precision, stage):
+            continue
+        base = Knobs(micro_batch_size=mb, grad_accum_steps=training.global_batch_size // (mb * space.data_parallel),
+                     precision=precision, data_parallel=space.data_parallel, zero_stage=stage,
+                     fsdp_grad_sync=space.fsdp_grad_sync if stage >= 2 else GradSync.EVERY)
+        placements = [base.model_copy(update={"checkpoint_blocks": tuple(i for i, b in enumerate(bits) if b)})
+                      for bits in itertools.product((0, 1), repeat=model.n_layers)]
+        if space.allow_segments and stage < 2:
+            placements += [base.model_copy(update={"checkpoint_segments": s}) for s in segment_plans(model.n_layers)]
+        for knobs in placements:
+            need = estimate(model, training, HW, knobs, None, space.gpus_per_node).memory.device_bytes
+            best = need if best is None else min(best, need)
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize(("model", "seq", "batch", "gpus", "precisions", "segments"), [
+    (SMALL, 128, 8, 1, (PrecisionPolicy.BF16_MIXED, PrecisionPolicy.BF16_TRUE, PrecisionPolicy.FP32), True),
+    (SMALL, 256, 4, 1, (PrecisionPolicy.FP32,), False),
+    (GPT, 128, 6, 1, (PrecisionPolicy.BF16_MIXED, PrecisionPolicy.FP16_MIXED), True),
+    (SMALL, 128, 8, 2, (PrecisionPolicy.BF16_MIXED, PrecisionPolicy.BF16_TRUE), True),
+    (GPT, 64, 8, 4, (PrecisionPolicy.FP32,), True),
+])
+def test_smallest_equals_exhaustive_enumeration(model: ModelConfig, seq: int, batch: int, gpus: int,
+                                                precisions: tuple[PrecisionPolicy, ...], segments: bool) -> None:
+    training = TrainConfig(seq_len=seq, global_batch_size=batch)
+    space = build_space(model, training, HW, precisions, allow_segments=segments, gpus=gpus)
+    found = smallest_plan(model, training, HW, space)
+    assert found.device_bytes == _exhaustive_minimum(model, training, space)
+    assert estimate(model, training, HW, found.knobs, None).memory.device_bytes == found.device_bytes
+    assert found.n_priced <= found.n_points
+
+
+def test_first_fitting_agrees_with_the_minimum() -> None:
+    training = TrainConfig(seq_len=128, global_batch_size=8)
+    space = build_space(SMALL, training, HW, (PrecisionPolicy.BF16_MIXED, PrecisionPolicy.FP32))
+    least = smallest_plan(SMALL, training, HW, space).device_bytes
+    assert first_fitting(SMALL, training, HW, space, least - 1) is None
+    fit = first_fitting(SMALL, training, HW, space, least)
+    assert fit is not None and fit.device_bytes == least
+    roomy = first_fitting(SMALL, training, HW, space, least * 2)
+    assert roomy is not None and roomy.device_bytes <= least * 2
+
+
+def _infeasible(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[str, dict]:
+    code = plan_main([*argv, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    return err.splitlines()[0], json.loads(out)
+
+
+def test_every_sampler_reports_the_same_smallest_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "tiny-llama", "--global-batch", "16", "--hbm", "1MB", "--precision", "bf16-mixed,fp32,bf16-true"]
+    runs = [_infeasible([*argv, "--sampler", s, "--trials", "3"], capsys) for s in ("tpe", "random", "exhaustive")]
+    runs.append(_infeasible([*argv, "--seed", "7"], capsys))
+    assert len({line for line, _ in runs}) == 1, [line for line, _ in runs]
+    assert len({json.dumps(data["best"]) for _, data in runs}) == 1
+    _, data = runs[0]
+    assert data["best"]["estimate"]["memory"]["fits"] is False
+    model, training = api.load_model("tiny-llama", global_batch_size=16)
+    space = build_space(model, training, HW, (PrecisionPolicy.BF16_MIXED, PrecisionPolicy.FP32,
+                                              PrecisionPolicy.BF16_TRUE))
+    assert data["best"]["estimate"]["memory"]["device_bytes"] == smallest_plan(model, training, HW, space).device_bytes
+
+
+def test_a_fixed_micro_batch_is_respected(capsys: pytest.CaptureFixture[str]) -> None:
+    _, free = _infeasible(["--model", "tiny-llama", "--global-batch", "8", "--hbm", "1MB"], capsys)
+    _, fixed = _infeasible(["--model", "tiny-llama", "--global-batch", "8", "--hbm", "1MB", "--micro-batch", "4"],
+                           capsys)
+    assert fixed["best"]["knobs"]["micro_batch_size"] == 4
+    assert fixed["best"]["estimate"]["memory"]["device_bytes"] >= free["best"]["estimate"]["memory"]["device_bytes"]
+
+
+def test_fewest_gpus_is_the_first_count_whose_minimum_fits() -> None:
+    model, training = api.load_model("llama2-7b", global_batch_size=64, seq_len=1024)
+    cap = 40 * 10**9
+    precisions = (PrecisionPolicy.BF16_MIXED,)
+    found = fewest_gpus(model, training, HW, cap, precisions, gpus_per_node=8)
+    assert found is not None
+    gpus, knobs = found
+    assert estimate(model, training, HW, knobs, cap).memory.fits
+    smaller = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < gpus]
+    for n in smaller:  # no smaller count holds the least-memory plan of its space
+        space = build_space(model, training, HW, precisions, gpus=n)
+        assert smallest_plan(model, training, HW, space).device_bytes > cap, n
+    with pytest.raises(InfeasibleError) as info:
+        api.plan(model, training, HW, cap, gpus=1)
+    assert f"--gpus {gpus} " in str(info.value)
