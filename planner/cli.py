@@ -201,10 +201,29 @@ class _progress:
             self.bar.__exit__(None, None, None)
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+    print(f"plan: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
+    from planner.errors import ConfigWarning
+
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", ConfigWarning)
+            default_show = warnings.showwarning
+
+            def show(message: Warning | str, category: type[Warning], *rest: object, **kw: object) -> None:
+                if issubclass(category, ConfigWarning):
+                    _one_line_warning(message, category)
+                else:
+                    default_show(message, category, *rest, **kw)  # type: ignore[arg-type]
+
+            warnings.showwarning = show
+            return _run(args)
     except PlannerError as error:
         label = "plan: error:" if error.exit_code == 2 else "plan:"
         print(f"{label} {error}", file=sys.stderr)

@@ -83,7 +83,11 @@ class ModelConfig(BaseModel):
     n_kv_heads: PositiveInt | None = Field(default=None, description="key/value heads (K) for GQA; default n_heads")
     d_ff: PositiveInt = Field(description="MLP inner size (F)")
     vocab_size: PositiveInt = Field(description="vocabulary size (V)")
-    max_seq_len: PositiveInt = Field(description="longest context the positions support")
+    max_seq_len: PositiveInt | None = Field(
+        default=None,
+        description="longest context the positions support: required for learned positions (the table's rows); "
+                    "for rotary ones only a bound, defaulting to the training seq_len",
+    )
     tie_embeddings: bool | None = Field(default=None, description="LM head shares the token embedding")
     qkv_bias: bool | None = None
     attn_out_bias: bool | None = None
@@ -124,6 +128,9 @@ class ModelConfig(BaseModel):
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}) for grouped-query attention"
             )
+        if self.positions is PositionKind.LEARNED and self.max_seq_len is None:
+            raise ValueError("max_seq_len: required with learned positions (the position table has max_seq_len "
+                             "rows); add it to the model section")
         if self.positions is PositionKind.ROTARY and self.head_dim % 2:
             raise ValueError(f"rotary positions need an even head dim, got d_model/n_heads = {self.head_dim}")
         return self
@@ -132,6 +139,13 @@ class ModelConfig(BaseModel):
     def head_dim(self) -> int:
         """H = D / N."""
         return self.d_model // self.n_heads
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table (``max_seq_len``; validated present for learned positions)."""
+        if self.max_seq_len is None:
+            raise ValueError(f"{self.name}: a learned position table needs max_seq_len")
+        return self.max_seq_len
 
     @property
     def kv_heads(self) -> int:

@@ -16,6 +16,11 @@ class UnsupportedPrecisionError(ConfigError):
     """A precision policy the chosen device cannot run (e.g. fp8 on an A100)."""
 
 
+class ConfigWarning(UserWarning):
+    """Input that is accepted but probably not what the user meant; the CLI prints it as one line
+    (``plan: warning: ...``), the API raises it as a Python warning."""
+
+
 class InfeasibleError(PlannerError):
     """Nothing fits under the memory cap; the message says what the smallest plan needs.
 
@@ -32,6 +37,7 @@ class InfeasibleError(PlannerError):
 
 __all__ = [
     "ConfigError",
+    "ConfigWarning",
     "InfeasibleError",
     "PlannerError",
     "UnknownHardwareError",

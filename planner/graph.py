@@ -201,10 +201,10 @@ def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: Precisi
     x = g.add(LayerSpec(name="embed", kind=OpKind.EMBEDDING, in_features=m.vocab_size, out_features=m.d_model,
                         params=(embed_param,)))
     if m.positions is PositionKind.LEARNED:
-        pos = g.add(LayerSpec(name="pos_embed", kind=OpKind.POS_EMBEDDING, in_features=m.max_seq_len,
+        pos = g.add(LayerSpec(name="pos_embed", kind=OpKind.POS_EMBEDDING, in_features=m.position_rows,
                               out_features=m.d_model,
-                              params=(ParamTensor(name="pos_embed.weight", numel=m.max_seq_len * m.d_model,
-                                                 rows=m.max_seq_len),)))
+                              params=(ParamTensor(name="pos_embed.weight", numel=m.position_rows * m.d_model,
+                                                 rows=m.position_rows),)))
         x = g.simple("embed_add", OpKind.RESIDUAL_ADD, None, x, pos)
     if m.dropout > 0:
         x = g.simple("embed_dropout", OpKind.DROPOUT, None, x, dropout=m.dropout)

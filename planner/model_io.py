@@ -22,6 +22,7 @@ nor a file) whose one-line message names the file and the field.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Mapping
 from functools import cache
 from importlib import resources
@@ -38,7 +39,7 @@ from planner.config import (
     PositionKind,
     TrainConfig,
 )
-from planner.errors import ConfigError, UnknownPresetError
+from planner.errors import ConfigError, ConfigWarning, UnknownPresetError
 from planner.hf_config import hf_name, model_from_hf_config
 
 _PRESET_DIR = "presets"
@@ -239,12 +240,27 @@ def resolve(
     train = _validated(
         lambda: Workload.model_validate({"model": model, "training": training}).training, "training options"
     )
-    if model.positions is PositionKind.LEARNED and train.seq_len > model.max_seq_len:
+    return _bounded_context(model, train), train
+
+
+def _bounded_context(model: ModelConfig, train: TrainConfig) -> ModelConfig:
+    """``max_seq_len`` against the training ``seq_len``: learned positions cannot go beyond their
+    table (error); rotary ones can, but past the trained context quality suffers (one-line
+    warning); a rotary model without ``max_seq_len`` takes the training ``seq_len``."""
+    limit = model.max_seq_len
+    if model.positions is PositionKind.LEARNED and limit is not None and train.seq_len > limit:
         raise ConfigError(
-            f"training.seq_len: {train.seq_len} exceeds model.max_seq_len {model.max_seq_len} of {model.name}, "
-            f"whose learned position table has {model.max_seq_len} rows; use --seq-len {model.max_seq_len} or less"
+            f"training.seq_len: {train.seq_len} exceeds model.max_seq_len {limit} of {model.name}, "
+            f"whose learned position table has {limit} rows; use --seq-len {limit} or less"
         )
-    return model, train
+    if limit is None:
+        return model.model_copy(update={"max_seq_len": train.seq_len})
+    if train.seq_len > limit:
+        warnings.warn(
+            f"training.seq_len {train.seq_len} is beyond model.max_seq_len {limit} of {model.name}: rotary "
+            "positions run at any length, but the model was built for that context (planned as asked)",
+            ConfigWarning, stacklevel=3)
+    return model
 
 
 __all__ = ["Workload", "list_presets", "load_preset", "load_workload", "model_from_hf_config", "resolve"]

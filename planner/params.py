@@ -16,7 +16,7 @@ def param_tensors(model: ModelConfig) -> dict[str, int]:
     d, h = m.d_model, m.head_dim
     tensors: dict[str, int] = {"embed.weight": m.vocab_size * d}
     if m.positions is PositionKind.LEARNED:
-        tensors["pos_embed.weight"] = m.max_seq_len * d
+        tensors["pos_embed.weight"] = m.position_rows * d
 
     def norm(prefix: str) -> None:
         tensors[f"{prefix}.weight"] = d

@@ -200,7 +200,7 @@ class Transformer(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         learned = config.positions is PositionKind.LEARNED
-        self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if learned else None
+        self.pos_embed = nn.Embedding(config.position_rows, config.d_model) if learned else None
         self.embed_dropout = Dropout(config.dropout) if config.dropout > 0 else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.final_norm = make_norm(config)

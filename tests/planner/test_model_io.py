@@ -18,7 +18,7 @@ from planner.config import (
     PositionKind,
     TrainConfig,
 )
-from planner.errors import ConfigError, UnknownPresetError
+from planner.errors import ConfigError, ConfigWarning, UnknownPresetError
 from planner.model_io import (
     Workload,
     list_presets,
@@ -628,8 +628,9 @@ def test_resolve_seq_len_beyond_learned_positions() -> None:
 
 
 def test_resolve_seq_len_beyond_max_allowed_with_rotary() -> None:
-    model, train = resolve("llama2-7b", seq_len=16384)
-    assert train.seq_len == 16384 > model.max_seq_len
+    with pytest.warns(ConfigWarning, match="beyond model.max_seq_len 4096"):
+        model, train = resolve("llama2-7b", seq_len=16384)
+    assert train.seq_len == 16384 > (model.max_seq_len or 0)
 
 
 def test_resolve_learned_positions_checked_for_file_training(tmp_path: Path) -> None:
