@@ -3,6 +3,7 @@ with a missing file. Each test failed before its fix."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,23 @@ def test_validate_missing_file_never_imports_torch() -> None:
                             "code = main(['/nonexistent/plan.json'])\n"
                             "print(code, 'torch' in sys.modules)"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert probe.stdout.strip() == "2 False", probe.stderr
+
+
+def test_the_readme_main_job_fits_and_its_command_is_current(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's first command: install, then the main job; it must fit (exit 0), and the
+    synopsis must list every flag `plan --help` has."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    command = re.search(r"pip install -e \. && plan (.+)\n", text)
+    assert command is not None
+    argv = command.group(1).split()
+    assert plan_main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["best"]["estimate"]["memory"]["fits"] is True
+    synopsis = text[text.index("## Using `plan`"):text.index("- `--model`")]
+    from planner.cli import build_parser
+
+    flags = {o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")}
+    missing = sorted(f for f in flags - {"--help"} if f not in synopsis)
+    assert not missing, missing
