@@ -44,7 +44,11 @@ def _calibrate(device: str, out: str, name: str | None) -> None:
         from validate.calibrate import calibrate
     except ImportError:
         raise ConfigError("calibrate: needs torch; pip install torch (or roofplan[validate])") from None
-    profile = calibrate(device, name=name)
+    from planner.cli_support import StageProgress
+
+    with StageProgress(sys.stderr.isatty(), "calibrate") as progress:
+        progress(f"timing matmuls per precision, streaming bandwidth and kernel launches on {device}")
+        profile = calibrate(device, name=name)
     data = profile.model_dump(mode="json")
     header = (f"# measured by `hardware calibrate --device {device}`; use with: plan --hardware {out}\n")
     target.write_text(header + yaml.safe_dump(data, sort_keys=False))
