@@ -10,6 +10,9 @@ The sampler only sees the two discrete knobs. For each point the checkpoint plac
 sampled (2^L booleans) but solved exactly (``search.candidates``). After the sampler's budget,
 the unvisited neighbours of the incumbent (adjacent micro-batches, other precisions) are priced
 too, so a sampler that stalls on a small space still ends at the best point around it.
+
+A study is for one workload (``search.identity``): a worker joining a study made for another
+workload is refused before it adds a trial.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from planner.knobs import Knobs
 from planner.precision import PrecisionPolicy
 from planner.results import ParetoPoint, PlanEntry, SearchStats
 from search.candidates import Evaluation, evaluate
+from search.identity import TRIAL_TAG, complete_trials, join, same_space, study_identity
 from search.pareto import non_dominated
 from search.smallest import smallest_plan
 from search.space import SearchSpace
@@ -92,20 +96,22 @@ def _sampler(options: SearchOptions, space: SearchSpace) -> optuna.samplers.Base
         )
 
 
-def _create_study(options: SearchOptions, space: SearchSpace) -> optuna.Study:
-    """Create or join the study. Workers started together on a fresh database race to create
-    optuna's tables (optuna issue #1092); the loser retries and joins the winner's study."""
+def _create_study(options: SearchOptions, space: SearchSpace) -> tuple[optuna.Study, bool]:
+    """Create or join the study: (study, whether this worker created it). Workers started together
+    on a fresh database race to create optuna's tables (optuna issue #1092); the loser retries and
+    joins the winner's study. Of workers racing to create one study, exactly one creates it."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     attempts = 6 if options.storage else 1
     for attempt in range(attempts):
         try:
-            return optuna.create_study(
-                storage=options.storage,
-                study_name=options.study_name,
-                direction="minimize",
-                sampler=_sampler(options, space),
-                load_if_exists=options.storage is not None,
-            )
+            try:
+                return optuna.create_study(storage=options.storage, study_name=options.study_name,
+                                           direction="minimize", sampler=_sampler(options, space)), True
+            except optuna.exceptions.DuplicatedStudyError:
+                if options.storage is None:
+                    raise
+                return optuna.load_study(study_name=str(options.study_name), storage=options.storage,
+                                         sampler=_sampler(options, space)), False
         except ImportError as error:
             raise ConfigError(f"--storage: {options.storage!r} needs a database driver: {error}") from None
         except Exception as error:  # optuna, sqlalchemy and drivers raise their own types
@@ -122,12 +128,13 @@ def _create_study(options: SearchOptions, space: SearchSpace) -> optuna.Study:
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _attrs(ev: Evaluation) -> dict[str, object]:
+def _attrs(ev: Evaluation, tag: str) -> dict[str, object]:
     """What a trial records about its point (every worker reads these back from the study)."""
     chosen = ev.chosen
     feasible = [p for p in ev.points if p.device_bytes <= ev.cap_bytes]
     return {
         "worker": WORKER,
+        TRIAL_TAG: tag,
         "pruned": ev.pruned,
         "knobs": chosen.knobs.model_dump(mode="json"),
         "device_bytes": chosen.device_bytes,
@@ -136,8 +143,8 @@ def _attrs(ev: Evaluation) -> dict[str, object]:
     }
 
 
-def _record(trial: optuna.Trial, ev: Evaluation) -> float:
-    for key, value in _attrs(ev).items():
+def _record(trial: optuna.Trial, ev: Evaluation, tag: str) -> float:
+    for key, value in _attrs(ev, tag).items():
         trial.set_user_attr(key, value)
     if _HAS_SET_CONSTRAINT:  # feasibility as a constraint: device_bytes - cap <= 0
         trial.set_constraint("excess_bytes", float(ev.chosen.device_bytes - ev.cap_bytes))
@@ -156,6 +163,7 @@ def _add_points(
     space: SearchSpace,
     points: list[tuple[int, str, int]],
     price: Callable[[int, str, int], Evaluation],
+    tag: str,
 ) -> int:
     """Price these points here and add them to the study as finished trials; returns how many were new.
 
@@ -163,8 +171,7 @@ def _add_points(
     workers can both claim it, run it, and the second one's ``tell`` fails ("Cannot tell a
     COMPLETE trial"). A finished trial added in one write cannot be claimed twice; two workers
     adding the same point at once leave a harmless duplicate."""
-    complete = (optuna.trial.TrialState.COMPLETE,)  # a failed or abandoned trial's point is priced again
-    seen = {_point(t) for t in study.get_trials(deepcopy=False, states=complete)}
+    seen = {_point(t) for t in complete_trials(study, tag)}  # a failed or abandoned trial's point is priced again
     added = 0
     for point in points:
         if point in seen:
@@ -177,7 +184,7 @@ def _add_points(
                       else {"system_attrs": {"constraints": [excess]}})  # optuna < 5: the list format
         params = {_MB: mb, _PRECISION: precision, _ZERO: stage}
         study.add_trial(optuna.trial.create_trial(value=ev.chosen.step_time_s, params=params,
-                                                  distributions=_distributions(space), user_attrs=_attrs(ev),
+                                                  distributions=_distributions(space), user_attrs=_attrs(ev, tag),
                                                   **constraint))  # type: ignore[arg-type]
         added += 1
     return added
@@ -213,14 +220,17 @@ def run_search(
         stage = trial.suggest_categorical(_ZERO, list(space.zero_stages))
         if not space.allows(str(precision), int(stage)):  # type: ignore[arg-type]
             raise optuna.TrialPruned(f"{precision} does not run under ZeRO-{stage} (FSDP2)")
-        return _record(trial, price(int(mb), str(precision), int(stage)))  # type: ignore[arg-type]
+        return _record(trial, price(int(mb), str(precision), int(stage)), tag)  # type: ignore[arg-type]
 
-    study = _create_study(options, space)
+    study, created = _create_study(options, space)
+    identity = study_identity(model, training, hw, cap_bytes, space)
+    tag = join(study, created, identity, _distributions(space), options.study_name)  # before any trial
     n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
     done = 0
     if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
         known = [(mb, precision.value, stage) for mb, precision, stage in space.known_good()]
-        done = _add_points(study, space, known, price)
+        with same_space(options.study_name):
+            done = _add_points(study, space, known, price, tag)
         n_trials = max(n_trials, done)  # more precisions than --trials: the known-good points are the budget
         if on_trial is not None and done:
             on_trial(done, n_trials)
@@ -231,11 +241,12 @@ def run_search(
         if on_trial is not None:
             on_trial(done, n_trials)
 
-    study.optimize(objective, n_trials=max(0, n_trials - done), callbacks=[progress])
-    if options.polish and options.sampler is not SamplerKind.EXHAUSTIVE:
-        _polish(study, space, price, evaluations)
+    with same_space(options.study_name):
+        study.optimize(objective, n_trials=max(0, n_trials - done), callbacks=[progress])
+        if options.polish and options.sampler is not SamplerKind.EXHAUSTIVE:
+            _polish(study, space, price, evaluations, tag)
 
-    trials = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+    trials = complete_trials(study, tag)
     feasible = sorted((t for t in trials if t.user_attrs.get("excess_bytes", 1) <= 0), key=lambda t: (t.value, t.number))
     distinct: list[Knobs] = []
     for t in feasible:
@@ -274,10 +285,11 @@ def _polish(
     space: SearchSpace,
     price: Callable[[int, str, int], Evaluation],
     evaluations: dict[tuple[int, str, int], Evaluation],
+    tag: str,
 ) -> None:
     """Price the unvisited neighbours of the incumbent until it stops improving."""
     while True:
-        trials = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+        trials = complete_trials(study, tag)
         feasible = [t for t in trials if t.user_attrs.get("excess_bytes", 1) <= 0]
         if not feasible:
             return
@@ -286,4 +298,4 @@ def _polish(
         fresh = [n for n in space.neighbours(*_point(incumbent)) if n not in visited]
         if not fresh:
             return
-        _add_points(study, space, fresh, price)  # each pass completes at least one new point: it ends
+        _add_points(study, space, fresh, price, tag)  # each pass completes at least one new point: it ends
