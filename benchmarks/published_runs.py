@@ -71,6 +71,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from hardware.profile import HardwareProfile  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
 from planner import api  # noqa: E402
 from planner.params import count_params  # noqa: E402
@@ -158,7 +159,20 @@ def build_model(arch: dict[str, str], seq_len: int, global_batch: int,
     return api.load_model(spec)
 
 
-def plan_row(row: dict[str, str], models: dict[str, dict[str, str]]) -> Result:
+def split_half(rows: list[dict[str, str]]) -> list[str]:
+    """"fit" or "test" per row: alternate rows of each table in the published order, so both halves
+    span every model size, context and GPU count of the table."""
+    seen: dict[str, int] = {}
+    halves = []
+    for row in rows:
+        index = seen.get(row["table"], 0)
+        seen[row["table"]] = index + 1
+        halves.append("fit" if index % 2 == 0 else "test")
+    return halves
+
+
+def plan_row(row: dict[str, str], models: dict[str, dict[str, str]],
+             profiles: dict[str, HardwareProfile] | None = None) -> Result:
     seq_len, n_gpus = int(row["seq_len"]), int(row["n_gpus"])
     mbs, accum, gbs = int(row["micro_batch_size"]), int(row["grad_accum"]), int(row["global_batch_size"])
     published = float(row["throughput_tokens_per_s_per_gpu"])
@@ -204,7 +218,8 @@ def plan_row(row: dict[str, str], models: dict[str, dict[str, str]]) -> Result:
         checkpoint_blocks=tuple(range(n_layers)) if result.checkpointing else (),
     )
     try:
-        estimate = api.estimate_plan(model, training, result.hardware, knobs,
+        hardware = (profiles or {}).get(result.hardware, result.hardware)
+        estimate = api.estimate_plan(model, training, hardware, knobs,
                                      gpus_per_node=GPUS_PER_NODE).best.estimate
     except api.ConfigError as error:
         result.skipped = f"planner refused: {error}"
@@ -285,11 +300,37 @@ def print_summary(summary: list[dict[str, object]]) -> None:
     print()
 
 
+def fit_step_efficiency(rows: list[dict[str, str]], models: dict[str, dict[str, str]], profile: str,
+                        low: float = 0.3, high: float = 1.0, rounds: int = 14) -> tuple[float, float]:
+    """The ``step_efficiency`` of ``profile`` that makes the median error of ``rows`` (its fit half)
+    zero, by bisection (the predicted throughput grows with it); returns (value, median error)."""
+    base = load_hardware(profile)
+
+    def median_error(value: float) -> float:
+        tuned = {profile: base.model_copy(update={"step_efficiency": value})}
+        errors = [r.error for r in (plan_row(row, models, tuned) for row in rows) if r.error is not None]
+        return statistics.median(errors)
+
+    for _ in range(rounds):
+        middle = (low + high) / 2
+        if median_error(middle) > 0:
+            high = middle
+        else:
+            low = middle
+    value = round((low + high) / 2, 3)
+    return value, median_error(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", action="store_true", help="print one line per planned run")
     parser.add_argument("--json", action="store_true", help="print per-row results and summaries as JSON")
+    parser.add_argument("--fit", action="store_true",
+                        help="fit each profile's step_efficiency on the fit half of the rows (alternate rows of "
+                             "each table) and report the test half with it")
     args = parser.parse_args(argv)
+    if args.fit:
+        return fit_main()
 
     start = time.perf_counter()
     models = {m["model"]: m for m in read_csv(MODELS_CSV)}
@@ -330,6 +371,23 @@ def main(argv: list[str] | None = None) -> int:
               f"checkpointing {'every block' if r.checkpointing else 'none'}: {r.device_gb:.1f} GB "
               f"> {r.hbm_cap_gb:.1f} GB")
     print(f"\n{wall:.1f} s")
+    return 0
+
+
+def fit_main() -> int:
+    """Fit ``step_efficiency`` per profile on the fit half; print it and the test half's errors."""
+    models = {m["model"]: m for m in read_csv(MODELS_CSV)}
+    rows = read_csv(RUNS_CSV)
+    halves = split_half(rows)
+    fitted: dict[str, HardwareProfile] = {}
+    for profile in sorted({HARDWARE[r["gpu"]] for r in rows if r["gpu"] in HARDWARE}):
+        fit_rows = [r for r, h in zip(rows, halves, strict=True) if h == "fit" and HARDWARE.get(r["gpu"]) == profile]
+        value, error = fit_step_efficiency(fit_rows, models, profile)
+        fitted[profile] = load_hardware(profile).model_copy(update={"step_efficiency": value})
+        print(f"{profile}: step_efficiency {value} (fit half: {len(fit_rows)} rows, median error {error:+.1%})")
+    test = [plan_row(r, models, fitted) for r, h in zip(rows, halves, strict=True) if h == "test"]
+    print("\nTest half, with the fitted values:")
+    print_summary(summarize(test))
     return 0
 
 

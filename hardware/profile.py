@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from hardware.dtypes import ComputePrecision
 from hardware.errors import ConfigError
+from hardware.kernels import AttentionCurve, AttentionKernel
 from hardware.units import parse_bytes
 
 
@@ -54,11 +55,44 @@ class HardwareProfile(BaseModel):
     inter_node_bandwidth_bytes_per_s: PositiveFloat = Field(
         description="per-GPU unidirectional bandwidth to other nodes (InfiniBand, RoCE)"
     )
-    collective_latency_s: PositiveFloat = Field(description="fixed latency of one collective call")
+    collective_latency_s: PositiveFloat = Field(
+        description="base latency of one NCCL collective (tuning.cc baseLat, ring/Simple: 8.4 µs)"
+    )
+    intra_node_hop_latency_s: float = Field(
+        default=3.4e-6, ge=0, description="latency of one ring step inside a node (tuning.cc hwLat NVLink ring/Simple)"
+    )
+    inter_node_hop_latency_s: float = Field(
+        default=14e-6, ge=0, description="latency of one ring step across nodes (tuning.cc hwLat NET ring/Simple)"
+    )
+    collective_efficiency: Fraction = Field(
+        default=1.0, description="NCCL's achieved share of the intra-node links (nccl-tests bus bandwidth / link)"
+    )
+    network_efficiency: Fraction = Field(
+        default=1.0, description="NCCL's achieved share of a node's NICs across nodes (nccl-tests bus bandwidth / NICs)"
+    )
     compute_efficiency: dict[ComputePrecision, Fraction] = Field(
         description="achievable fraction of peak for large matmuls; one number or one per precision"
     )
+    gemm_half_dim: float = Field(
+        default=0.0, ge=0,
+        description="GEMM shape fall-off: efficiency x prod d/(d + gemm_half_dim) over M, N, K (0: none)",
+    )
+    attention_kernel: AttentionKernel = Field(
+        default=AttentionKernel.FLASH2, description="the kernel PyTorch's SDPA runs here by default"
+    )
+    attention_curves: tuple[AttentionCurve, ...] = Field(
+        default=(), description="published attention TFLOP/s by kernel, direction, causality, head dim, seq_len"
+    )
     memory_efficiency: Fraction = Field(description="achievable fraction of HBM bandwidth for streaming ops")
+    step_efficiency: Fraction = Field(
+        default=1.0,
+        description="share of the kernel-level roofline an eager PyTorch training step reaches (kernel gaps, "
+                    "dispatch), fitted to published end-to-end runs; 1.0 where none was fitted",
+    )
+    overlap_compute_slowdown: float = Field(
+        default=0.0, ge=0, le=1,
+        description="how much slower compute runs while collectives overlap it (shared SMs and memory bandwidth)",
+    )
     kernel_launch_s: float = Field(ge=0, description="per-kernel launch and dispatch overhead")
     runtime_reserve_bytes: int = Field(ge=0, description="CUDA context, cuBLAS/NCCL workspaces: memory a job cannot use")
     fragmentation_factor: float = Field(ge=1.0, le=2.0, description="reserved / allocated allowance of the caching allocator")

@@ -40,9 +40,13 @@ def op_time(
     precision: ComputePrecision,
     hw: HardwareProfile,
     n_kernels: int = 1,
+    achievable_flops_per_s: float | None = None,
 ) -> OpTime:
-    """Time of one op on ``hw``: the slower of its compute and its memory traffic, plus launches."""
-    compute_s = flops / hw.achievable_flops_per_s(precision) if flops else 0.0
+    """Time of one op on ``hw``: the slower of its compute and its memory traffic, plus launches.
+    ``achievable_flops_per_s`` is the kernel's own rate (``hardware.kernels``), if known; else
+    the profile's large-GEMM efficiency at ``precision``."""
+    rate = achievable_flops_per_s or hw.achievable_flops_per_s(precision)
+    compute_s = flops / rate if flops else 0.0
     memory_s = bytes_moved / hw.achievable_bandwidth_bytes_per_s() if bytes_moved else 0.0
     ideal_compute_s = flops / hw.peak_flops_per_s[precision] if flops else 0.0
     ideal_memory_s = bytes_moved / hw.hbm_bandwidth_bytes_per_s if bytes_moved else 0.0

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from hardware.kernels import AttentionKernel
+
 
 class Family(StrEnum):
     GPT2 = "gpt2"
@@ -99,6 +101,11 @@ class ModelConfig(BaseModel):
     norm_eps: float | None = Field(default=None, gt=0)
     rope_theta: float = Field(default=10000.0, gt=0)
     attention: AttentionImpl = Field(default=AttentionImpl.FLASH, description="flash (fused SDPA) or eager")
+    attention_kernel: AttentionKernel | None = Field(
+        default=None,
+        description="the fused kernel that runs flash attention (flash2, flash3, cudnn); default: the one the "
+                    "hardware profile says PyTorch's SDPA picks there. Prices time only; memory is the same",
+    )
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout probability (embeddings, attention, residual)")
 
     @model_validator(mode="before")

@@ -185,9 +185,17 @@ def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfil
 
 def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
                        time: TimeBreakdown) -> TimeBreakdown:
-    """The step time with the collectives compute does not hide (nothing to add on one GPU)."""
+    """The step time with the collectives compute does not hide (nothing to add on one GPU).
+    Compute that collectives overlap runs ``overlap_compute_slowdown`` slower (the profile's
+    published measurement), which also widens the windows that hide them."""
     if knobs.data_parallel == 1:
         return time
+    slow = 1.0 + hw.overlap_compute_slowdown
+    if slow != 1.0:
+        extra = (slow - 1.0) * (time.forward_s + time.backward_s + time.recompute_s)
+        time = time.model_copy(update={"forward_s": time.forward_s * slow, "backward_s": time.backward_s * slow,
+                                       "recompute_s": time.recompute_s * slow,
+                                       "step_time_s": time.step_time_s + extra})
     if knobs.zero_stage >= 2:
         parallel = ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node)
         n = knobs.grad_accum_steps

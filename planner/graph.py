@@ -94,6 +94,7 @@ _SPEC_DEFAULTS = {name: field.default for name, field in LayerSpec.model_fields.
 
 
 _SPECS: dict[tuple[object, ...], LayerSpec] = {}
+_COST_FIELDS = tuple(name for name in LayerSpec.model_fields if name not in ("name", "block", "params"))
 
 
 def _spec(**fields: object) -> LayerSpec:
@@ -118,9 +119,9 @@ class _Builder:
 
     def add(self, spec: LayerSpec, inputs: tuple[str, ...] = (), info: tuple[TensorInfo, ...] | None = None) -> str:
         tensors = info if info is not None else tuple(self.output(name) for name in inputs)
-        # blocks repeat: an op's cost depends on its shape, not on its name or block index
-        key = (spec.kind, spec.in_features, spec.out_features, spec.bias, spec.n_heads, spec.n_kv_heads,
-               spec.head_dim, spec.dropout, spec.owns_params, tuple(p.numel for p in spec.params), tensors)
+        # blocks repeat: an op's cost depends on every field of its spec but its name, block index and
+        # parameter names (derived from the model, so a new field a formula reads is in the key too)
+        key = (*(getattr(spec, f) for f in _COST_FIELDS), tuple((p.numel, p.rows) for p in spec.params), tensors)
         cost = self.costs.get(key)
         if cost is None:
             ctx = OpContext(batch=self.batch, seq_len=self.seq_len, precision=self.precision, inputs=tensors)
@@ -168,7 +169,7 @@ class _Builder:
         eager = m.attention is AttentionImpl.EAGER
         core_spec = _spec(
             name=f"{p}.attn.core", kind=OpKind.ATTENTION_EAGER if eager else OpKind.ATTENTION_FLASH, block=b,
-            n_heads=n, n_kv_heads=k, head_dim=h, dropout=m.dropout,
+            n_heads=n, n_kv_heads=k, head_dim=h, dropout=m.dropout, attention_kernel=m.attention_kernel,
         )
         core = self.add(core_spec, (*qk, v) + ((mask,) if eager and mask is not None else ()))
         attn = self.linear(f"{p}.attn.o_proj", b, core, n * h, d, bool(m.attn_out_bias))

@@ -14,21 +14,20 @@ granularity makes them exact only up to how tensors split: ZeroRedundancyOptimiz
 tensors to ranks (greedily, largest first), FSDP2 chunks every tensor's first dimension into N
 pieces of ceil(rows/N) rows (the last ranks padded).
 
-Communication follows the ring model (Patarasuk & Yuan 2009; NCCL's ring all-reduce): an
-all-reduce moves 2(N-1)/N of the bytes through each GPU's link, a reduce-scatter or an
-all-gather (N-1)/N, plus a fixed latency per collective. The link is the profile's intra-node
-bandwidth when all N ranks share a node, else its inter-node bandwidth (the slowest hop of the
-ring).
+Communication follows NCCL's own model (``hardware.collectives``): a ring all-reduce moves
+2(N-1)/N of the bytes through each GPU's link, a reduce-scatter or an all-gather (N-1)/N (an
+all-reduce across nodes may take NCCL's tree instead), plus latency per ring step; across nodes
+a ring runs over every NIC of a node at once.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hardware.collectives import Collective, collective_time_s
 from hardware.profile import HardwareProfile
 from planner.config import TrainConfig
 from planner.errors import ConfigError
@@ -99,29 +98,16 @@ def zero1_partition(params: Sequence[ParamTensor], world_size: int) -> list[list
     return ranks
 
 
-def link_bandwidth_bytes_per_s(hw: HardwareProfile, parallel: ParallelConfig) -> float:
-    """The ring's slowest hop: NVLink-class inside a node, the NIC across nodes."""
-    if parallel.world_size <= parallel.gpus_per_node:
-        return hw.intra_node_bandwidth_bytes_per_s
-    return min(hw.intra_node_bandwidth_bytes_per_s, hw.inter_node_bandwidth_bytes_per_s)
-
-
-class Collective(StrEnum):
-    ALL_REDUCE = "all_reduce"
-    REDUCE_SCATTER = "reduce_scatter"
-    ALL_GATHER = "all_gather"
-
-
 def ring_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, parallel: ParallelConfig,
                 n_collectives: int = 1) -> float:
-    """Seconds of one ring collective over ``n_bytes`` (the full tensor, not a shard): each rank
-    sends and receives (n-1)/n of it for a reduce-scatter or an all-gather, twice that for an
-    all-reduce (a reduce-scatter then an all-gather; Thakur et al. 2005, Patarasuk & Yuan 2009)."""
-    n = parallel.world_size
-    if n <= 1 or n_bytes <= 0:
+    """Seconds of ``n_collectives`` NCCL collectives that together move ``n_bytes`` (full tensors,
+    not shards), as NCCL runs them (``hardware.collectives``: ring or tree, every NIC of a node,
+    latency per step)."""
+    if parallel.world_size <= 1 or n_bytes <= 0:
         return 0.0
-    factor = (2.0 if Collective(kind) is Collective.ALL_REDUCE else 1.0) * (n - 1) / n
-    return factor * n_bytes / link_bandwidth_bytes_per_s(hw, parallel) + n_collectives * hw.collective_latency_s
+    count = max(1, n_collectives)
+    one, _ = collective_time_s(n_bytes / count, Collective(kind), hw, parallel.world_size, parallel.gpus_per_node)
+    return count * one
 
 
 def ddp_buckets(grad_bytes: Iterable[int], bucket_cap_bytes: int = 25 * 2**20) -> int:

@@ -13,6 +13,7 @@ from planner.knobs import GradSync, Knobs
 from planner.memory import Category
 from planner.optimizer import optimizer_spec
 from planner.precision import precision_spec
+from planner.time_sources import time_sources
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -188,7 +189,7 @@ def time_table(result: PlanResult) -> Table:
     table.add_row("recompute", "checkpointed blocks' forward again", _seconds(tb.recompute_s))
     table.add_row("optimizer", "memory-bound pass over params, grads, state", _seconds(tb.optimizer_s))
     if result.best.knobs.data_parallel > 1:
-        table.add_row("communication", "collectives compute does not hide (ring model)", _seconds(tb.communication_s))
+        table.add_row("communication", "collectives compute does not hide (NCCL's model)", _seconds(tb.communication_s))
     table.add_row(Text("step", style="bold"), f"lower bound (pure roofline) {_seconds(tb.lower_bound_s)}", Text(_seconds(tb.step_time_s), style="bold"))
     table.add_row(
         "FLOPs",
@@ -206,6 +207,17 @@ def time_table(result: PlanResult) -> Table:
     table.add_row("limited by", f"{est.limiting_bound.value} (time-weighted over ops)", "")
     checked = hw.time_validation or f"no measured runs compared on {hw.name} yet: a roofline estimate"
     table.add_row("checked against", checked, "")
+    return table
+
+
+def sources_table(result: PlanResult) -> Table:
+    """The kernel figures behind the step time and MFU, and where each was measured."""
+    k = result.best.knobs
+    rows = time_sources(result.model.config, result.training.seq_len, result.hardware,
+                        precision_spec(k.precision).matmul_precision, k.data_parallel, result.parallel.gpus_per_node)
+    table = Table(title="Where the time figures come from", title_justify="left", show_header=False)
+    for what, figure in rows:
+        table.add_row(what, figure)
     return table
 
 
@@ -269,7 +281,7 @@ def search_line(result: PlanResult) -> Text:
 
 def report(result: PlanResult) -> Group:
     parts: list[RenderableType] = [_title(result), verdict(result), *notes(result), knobs_table(result),
-                                   memory_table(result), time_table(result), ops_table(result)]
+                                   memory_table(result), time_table(result), sources_table(result), ops_table(result)]
     if result.alternatives:
         parts.append(alternatives_table(result))
     if result.search is not None:

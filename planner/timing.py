@@ -13,14 +13,18 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from hardware.dtypes import ComputePrecision, DType
+from hardware.kernels import AttentionKernel, Direction, gemm_shape_factor, pick_curve
 from hardware.profile import DeviceKind, HardwareProfile
 from hardware.roofline import Bound, OpTime, op_time
 from planner.graph import GraphNode, LayerGraph
+from planner.ops.base import LayerCost
 from planner.optimizer import OptimizerSpec
 
 # torch's multi_tensor_apply launches one kernel per chunk of at most 36 tensors when four
 # tensor lists are passed (aten/src/ATen/native/cuda/MultiTensorApply.cuh depth_to_max_tensors).
 _TENSORS_PER_FOREACH_LAUNCH = 36
+# the precisions the published attention curves were measured in (fp8-mixed keeps attention in bf16)
+_CURVE_PRECISIONS = frozenset({ComputePrecision.BF16, ComputePrecision.FP16, ComputePrecision.FP8})
 
 
 class OpRoofline(BaseModel):
@@ -122,14 +126,45 @@ def op_rooflines_of(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw:
     return tuple(out)
 
 
+def kernel_rate(cost: LayerCost, precision: ComputePrecision, hw: HardwareProfile,
+                direction: Direction) -> float | None:
+    """The FLOP/s this op's kernel reaches (``hardware.kernels``), or None for the profile's
+    large-GEMM rate: a GEMM's shape factor; attention's published curve of its kernel (fused
+    kernels at bf16/fp16 only: fp32 attention falls back, and under fp8-mixed attention stays
+    in bf16, which is what the curves measure)."""
+    if not cost.matmul:
+        return None
+    if cost.attention is not None:
+        shape = cost.attention
+        kernel = (shape.kernel or hw.attention_kernel) if shape.fused else AttentionKernel.MATH
+        if precision in _CURVE_PRECISIONS:
+            curve = pick_curve(hw.attention_curves, kernel, shape.causal, shape.head_dim, direction)
+            if curve is not None:
+                return curve.flops_per_s(shape.seq_len)
+        return None
+    if cost.gemm is not None:
+        return hw.achievable_flops_per_s(precision) * gemm_shape_factor(cost.gemm, hw.gemm_half_dim)
+    return None
+
+
 def _cost_times(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile) -> tuple[OpTime, OpTime, float, float]:
     cost = op.cost
     compute = precision if cost.matmul else ComputePrecision.FP32
-    fwd = op_time(cost.fwd_exec, cost.fwd_bytes_moved, compute, hw, cost.fwd_kernels)
+    fwd = op_time(cost.fwd_exec, cost.fwd_bytes_moved, compute, hw, cost.fwd_kernels,
+                  kernel_rate(cost, compute, hw, Direction.FWD))
     bwd_flops = cost.bwd_exec if cost.has_backward else 0.0
     bwd_bytes = cost.bwd_bytes_moved if cost.has_backward else 0.0
-    bwd = op_time(bwd_flops, bwd_bytes, compute, hw, cost.bwd_kernels if cost.has_backward else 0)
-    return fwd, bwd, bwd_flops, bwd_bytes
+    bwd = op_time(bwd_flops, bwd_bytes, compute, hw, cost.bwd_kernels if cost.has_backward else 0,
+                  kernel_rate(cost, compute, hw, Direction.BWD) if bwd_flops else None)
+    return _in_a_step(fwd, hw), _in_a_step(bwd, hw), bwd_flops, bwd_bytes
+
+
+def _in_a_step(timed: OpTime, hw: HardwareProfile) -> OpTime:
+    """An op inside a real training step runs at the profile's ``step_efficiency`` of its
+    isolated kernel time (the lower bound is untouched)."""
+    if hw.step_efficiency == 1.0:
+        return timed
+    return timed.model_copy(update={"time_s": timed.time_s / hw.step_efficiency})
 
 
 def _roofline(op: GraphNode, times: tuple[OpTime, OpTime, float, float]) -> OpRoofline:

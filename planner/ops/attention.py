@@ -9,6 +9,7 @@ masked half, and its backward recomputes QK^T (5 matmuls instead of 4; Dao 2023,
 from __future__ import annotations
 
 from hardware.dtypes import DType
+from hardware.kernels import AttentionShape
 from planner.ops.base import AllocSequence, LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
 from planner.ops.elementwise import promote
 from planner.ops.registry import register
@@ -72,6 +73,8 @@ def flash_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         bwd_input_flops=2 * flops,
         exec_fwd_flops=flops / 2,
         exec_bwd_flops=2.5 * flops / 2,
+        attention=AttentionShape(seq_len=ctx.seq_len, head_dim=spec.head_dim, causal=True, fused=True,
+                                 kernel=spec.attention_kernel),
         fwd_bytes_moved=io_bytes + bnt * 4,
         bwd_bytes_moved=2 * io_bytes + out.n_bytes + bnt * 8,
         fwd_kernels=1,
@@ -150,6 +153,8 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     return LayerCost(
         fwd_flops=flops,
         bwd_input_flops=2 * flops,
+        # the full square is computed, then masked: priced with the math path's non-causal rates
+        attention=AttentionShape(seq_len=ctx.seq_len, head_dim=spec.head_dim, causal=False, fused=False),
         fwd_bytes_moved=io_bytes + 4 * operand + (4 + 2 * n_tt) * s_bytes,
         bwd_bytes_moved=2 * io_bytes + 4 * operand + (6 + 2 * n_tt) * s_bytes,
         fwd_kernels=8 + (1 if drop else 0),

@@ -12,6 +12,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from hardware.dtypes import DType
+from hardware.kernels import AttentionKernel, AttentionShape, GemmShape
 from planner.precision import PrecisionSpec
 
 
@@ -79,6 +80,7 @@ class LayerSpec(BaseModel):
     n_kv_heads: int = 0
     head_dim: int = 0
     dropout: float = 0.0
+    attention_kernel: AttentionKernel | None = None  # the fused kernel named by the model; None: the device's
     params: tuple[ParamTensor, ...] = ()
     owns_params: bool = True  # False when the params belong to another op (tied LM head)
 
@@ -117,6 +119,8 @@ class LayerCost(BaseModel):
     fwd_kernels: int = 1
     bwd_kernels: int = 1
     matmul: bool = False  # runs at the policy's matmul precision
+    gemm: GemmShape | None = None  # the matmul's shape (its efficiency falls off for small ones)
+    attention: AttentionShape | None = None  # the attention call (its kernel's measured rate)
     output: TensorInfo
     saves_inputs: tuple[bool, ...] = ()
     saves_output: bool = False

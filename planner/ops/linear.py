@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hardware.kernels import GemmShape
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, TensorInfo, linear_flops
 from planner.ops.registry import register
 
@@ -49,6 +50,7 @@ def linear_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         fwd_kernels=1 + (2 if low is not None else 0),
         bwd_kernels=2 + (1 if spec.bias else 0),
         matmul=True,
+        gemm=GemmShape(m=tokens, n=o, k=i),
         output=out,
         saves_inputs=(not casts_input,),
         saved_extra_bytes=saved_extra,

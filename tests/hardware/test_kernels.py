@@ -1,0 +1,110 @@
+"""Kernel efficiencies from published benchmarks (docs/kernel_benchmarks.md): the GEMM shape
+law against measured GEMM tables, attention curves by kernel, and which rate each op gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from hardware.dtypes import ComputePrecision
+from hardware.kernels import AttentionCurve, AttentionKernel, AttentionShape, Direction, GemmShape, gemm_shape_factor
+from hardware.registry import load_hardware
+from hardware.roofline import op_time
+from planner.config import ModelConfig
+from planner.ops.base import LayerCost, TensorInfo
+from planner.timing import kernel_rate
+
+H100, A100 = load_hardware("h100-sxm"), load_hardware("a100-sxm-80gb")
+
+
+def _gemm_tflops(hw, m: int, n: int, k: int, precision: ComputePrecision = ComputePrecision.BF16) -> float:  # noqa: ANN001
+    flops = 2.0 * m * n * k
+    rate = hw.achievable_flops_per_s(precision) * gemm_shape_factor(GemmShape(m=m, n=n, k=k), hw.gemm_half_dim)
+    return flops / op_time(flops, 0.0, precision, hw, 1, rate).time_s / 1e12
+
+
+# XLA's measured sm_90 bf16 matmul table (third_party/xla/.../matmul_interpolator_data.h; docs
+# 1.2): small, skinny and large GEMMs within 20% (the law has one fitted constant, d_half = 128).
+@pytest.mark.parametrize(("m", "n", "k", "measured"), [
+    (512, 512, 512, 40.7), (1024, 1024, 1024, 236.3), (2048, 2048, 2048, 632.0), (4096, 4096, 4096, 783.3),
+    (4096, 4096, 256, 392.2), (4096, 4096, 1024, 677.4), (256, 4096, 4096, 412.0), (1024, 4096, 4096, 738.5),
+])
+def test_gemm_law_reproduces_the_h100_table(m: int, n: int, k: int, measured: float) -> None:
+    assert _gemm_tflops(H100, m, n, k) == pytest.approx(measured, rel=0.20)
+
+
+# Azure's A100 SXM4 80GB cuBLASLt fp16 sweep (superbench; docs 1.2), a different GPU and library
+# than the fit: within 15%.
+@pytest.mark.parametrize(("size", "measured"), [(1024, 119.4), (2048, 221.8), (4096, 228.0), (8192, 253.7)])
+def test_gemm_law_reproduces_the_a100_cublaslt_sweep(size: int, measured: float) -> None:
+    assert _gemm_tflops(A100, size, size, size, ComputePrecision.FP16) == pytest.approx(measured, rel=0.15)
+
+
+def test_gemm_factor_is_one_for_huge_gemms_and_falls_for_small_dims() -> None:
+    assert gemm_shape_factor(GemmShape(m=10**7, n=10**7, k=10**7), 128) == pytest.approx(1.0, abs=1e-4)
+    factors = [gemm_shape_factor(GemmShape(m=8192, n=8192, k=k), 128) for k in (64, 256, 1024, 8192)]
+    assert factors == sorted(factors)
+    assert gemm_shape_factor(GemmShape(m=1, n=1, k=1), 0) == 1.0  # no fall-off configured
+
+
+def test_attention_curve_interpolates_in_log_seq_len_and_clamps() -> None:
+    curve = AttentionCurve(kernel=AttentionKernel.FLASH2, direction=Direction.FWD_BWD, causal=True, head_dim=128,
+                           seq_lens=(1024, 4096), tflops=(100.0, 200.0), source="test")
+    assert curve.flops_per_s(2048) == pytest.approx(150e12)
+    assert curve.flops_per_s(256) == pytest.approx(100e12)
+    assert curve.flops_per_s(65536) == pytest.approx(200e12)
+    with pytest.raises(ValueError, match="seq_lens"):
+        AttentionCurve(kernel=AttentionKernel.FLASH2, direction=Direction.FWD, causal=True, head_dim=64,
+                       seq_lens=(4096, 1024), tflops=(1.0, 2.0), source="test")
+
+
+def _attention(kernel: AttentionKernel | None = None, fused: bool = True, seq: int = 4096, head_dim: int = 128,
+               causal: bool = True) -> LayerCost:
+    return LayerCost(fwd_flops=1e12, matmul=True, output=TensorInfo(numel=1, dtype="bf16"),
+                     attention=AttentionShape(seq_len=seq, head_dim=head_dim, causal=causal, fused=fused, kernel=kernel))
+
+
+def test_fused_attention_gets_its_kernels_published_rate() -> None:
+    # A100, FlashAttention-2, causal, head dim 128, 4k: 173 TFLOP/s forward+backward (README figure)
+    assert kernel_rate(_attention(), ComputePrecision.BF16, A100, Direction.FWD) == pytest.approx(173e12)
+    # H100 cuDNN forward, causal d128 at 4k: 518 TFLOP/s (FA3 paper Fig. 5), when the model names it
+    assert kernel_rate(_attention(AttentionKernel.CUDNN), ComputePrecision.BF16, H100, Direction.FWD) == \
+        pytest.approx(518e12)
+    # FA3 is faster than FA2 on H100 at every length
+    for seq in (512, 2048, 16384):
+        fa2 = kernel_rate(_attention(seq=seq), ComputePrecision.BF16, H100, Direction.FWD)
+        fa3 = kernel_rate(_attention(AttentionKernel.FLASH3, seq=seq), ComputePrecision.BF16, H100, Direction.FWD)
+        assert fa3 is not None and fa2 is not None and fa3 > fa2
+
+
+def test_eager_attention_runs_at_the_math_paths_rate() -> None:
+    rate = kernel_rate(_attention(fused=False, causal=False), ComputePrecision.BF16, A100, Direction.BWD)
+    assert rate == pytest.approx(79e12)  # PyTorch eager, non-causal d128 at 4k, A100
+    fused = kernel_rate(_attention(causal=False), ComputePrecision.BF16, A100, Direction.BWD)
+    assert fused is not None and fused > 2 * rate
+
+
+def test_attention_without_a_curve_falls_back_to_the_gemm_rate() -> None:
+    assert kernel_rate(_attention(), ComputePrecision.FP32, A100, Direction.FWD) is None  # fp32: no curve
+    l4 = load_hardware("l4")
+    assert kernel_rate(_attention(), ComputePrecision.BF16, l4, Direction.FWD) is None  # no published curves
+
+
+def test_long_context_attention_is_slower_per_flop_than_the_gemms() -> None:
+    """Regression: attention was priced at the GEMM efficiency (0.75 of peak), so long-context
+    plans read 60-170% optimistic against llm-foundry's H100 runs."""
+    rate = kernel_rate(_attention(seq=16384), ComputePrecision.BF16, H100, Direction.FWD)
+    assert rate is not None and rate < 0.4 * H100.peak_flops_per_s[ComputePrecision.BF16]
+
+
+def test_a_model_file_can_name_the_kernel() -> None:
+    from planner.graph import build_graph
+    from planner.precision import precision_spec
+
+    model = ModelConfig(family="llama", n_layers=1, d_model=256, n_heads=2, d_ff=512, vocab_size=100,
+                        attention_kernel="flash3")
+    graph = build_graph(model, 1, 2048, precision_spec("bf16-mixed"))
+    core = graph.node("blocks.0.attn.core").cost.attention
+    assert core is not None and core.kernel is AttentionKernel.FLASH3
+    with pytest.raises(ValueError, match="attention_kernel"):
+        ModelConfig(family="llama", n_layers=1, d_model=256, n_heads=2, d_ff=512, vocab_size=100,
+                    attention_kernel="triton-nightly")
