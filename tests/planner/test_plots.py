@@ -28,18 +28,6 @@ GB = 1e9
 
 
 @pytest.fixture(scope="module")
-def single() -> PlanResult:
-    model, training = api.load_model("tiny-llama")
-    return api.plan(model, training)
-
-
-@pytest.fixture(scope="module")
-def multi() -> PlanResult:
-    model, training = api.load_model("tiny-llama", seq_len=128, global_batch_size=64)
-    return api.plan(model, training, gpus=8)
-
-
-@pytest.fixture(scope="module")
 def fsdp() -> PlanResult:
     """ZeRO-3 in bf16-mixed: FSDP2 computes in bf16 without autocast, unlike one GPU."""
     model, training = api.load_model("tiny-llama", seq_len=128, global_batch_size=64)

@@ -26,18 +26,6 @@ def columns(table: Table) -> dict[str, list[str]]:
     return {str(column.header): [str(cell) for cell in column.cells] for column in table.columns}
 
 
-@pytest.fixture(scope="module")
-def multi() -> PlanResult:
-    model, training = api.load_model("tiny-llama", seq_len=128, global_batch_size=64)
-    return api.plan(model, training, gpus=8)
-
-
-@pytest.fixture(scope="module")
-def single() -> PlanResult:
-    model, training = api.load_model("tiny-llama")
-    return api.plan(model, training)
-
-
 def test_next_best_plans_name_their_sharding_on_several_gpus(multi: PlanResult) -> None:
     assert multi.alternatives, "the search should leave next best plans to compare"
     table = columns(alternatives_table(multi))
