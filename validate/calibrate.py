@@ -28,6 +28,7 @@ from hardware.profile import DeviceKind, HardwareProfile
 from hardware.registry import bundled_names, load_hardware
 from planner.graph import LayerGraph
 from planner.ops.base import OpKind
+from validate.kernel_curves import attention_curves, fit_gemm_half_dim, gemm_rates
 
 _TORCH = {ComputePrecision.FP32: torch.float32, ComputePrecision.TF32: torch.float32,
           ComputePrecision.BF16: torch.bfloat16, ComputePrecision.FP16: torch.float16}
@@ -219,6 +220,10 @@ def calibrate(device: str = "cpu", shapes: Sequence[tuple[int, int, int]] | None
             p.value: min(1.0, achieved[p] / base.peak_flops_per_s[p]) if p in achieved else base.compute_efficiency[p]
             for p in base.peak_flops_per_s
         }
+        if ComputePrecision.BF16 in base.peak_flops_per_s:  # the shape law's large-GEMM rate replaces bf16's
+            curves = _measured_curves(dev, base, overhead, source["fields"])
+            data.update(curves, compute_efficiency={**data["compute_efficiency"],
+                                                    "bf16": curves["compute_efficiency"]["bf16"]})
         data["memory_efficiency"] = min(1.0, bandwidth / base.hbm_bandwidth_bytes_per_s)
         data["kernel_launch_s"] = overhead
         data["name"] = name or f"{base.name}-calibrated"
@@ -244,6 +249,17 @@ def calibrate(device: str = "cpu", shapes: Sequence[tuple[int, int, int]] | None
         fragmentation_factor=1.0,
         sources=(source,),  # type: ignore[arg-type]
     )
+
+
+def _measured_curves(dev: torch.device, base: HardwareProfile, launch_s: float, source: str) -> dict[str, Any]:
+    """The profile's kernel curves as this GPU measures them: the GEMM shape law (its large-GEMM
+    bf16 efficiency and ``gemm_half_dim``) and the attention curves of the kernel SDPA runs here."""
+    rate, half = fit_gemm_half_dim(gemm_rates(dev, torch.bfloat16), launch_s)
+    curves = attention_curves(dev, torch.bfloat16, base.attention_kernel, source)
+    kept = [c.model_dump(mode="json") for c in base.attention_curves if c.kernel is not base.attention_kernel]
+    efficiency = min(1.0, rate / base.peak_flops_per_s[ComputePrecision.BF16])
+    return {"gemm_half_dim": half, "attention_curves": [*(c.model_dump(mode="json") for c in curves), *kept],
+            "compute_efficiency": {**base.model_dump(mode="json")["compute_efficiency"], "bf16": efficiency}}
 
 
 def _matching_profile(device_name: str) -> HardwareProfile | None:
