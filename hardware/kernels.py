@@ -34,6 +34,15 @@ class AttentionKernel(StrEnum):
     MATH = "math"  # matmul, softmax, matmul: torch's math backend and eager attention
 
 
+class MemoryClass(StrEnum):
+    """Memory-bound kernels by what they do: eager PyTorch reaches a different share of the HBM
+    bandwidth in each (docs/kernel_benchmarks.md 3.2)."""
+
+    STREAM = "stream"  # copies, casts, gathers: the profile's memory_efficiency (a STREAM-like copy)
+    ELEMENTWISE = "elementwise"  # add, activations, dropout, rotary
+    NORM = "norm"  # layer_norm, rms_norm (two passes over a row: statistics, then normalize)
+
+
 class Direction(StrEnum):
     FWD = "fwd"
     BWD = "bwd"

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from hardware.dtypes import ComputePrecision
 from hardware.errors import ConfigError
-from hardware.kernels import AttentionCurve, AttentionKernel
+from hardware.kernels import AttentionCurve, AttentionKernel, MemoryClass
 from hardware.units import parse_bytes
 
 
@@ -84,6 +84,11 @@ class HardwareProfile(BaseModel):
         default=(), description="published attention TFLOP/s by kernel, direction, causality, head dim, seq_len"
     )
     memory_efficiency: Fraction = Field(description="achievable fraction of HBM bandwidth for streaming ops")
+    memory_efficiency_by_class: dict[MemoryClass, Fraction] = Field(
+        default_factory=dict,
+        description="achieved share of HBM bandwidth of eager PyTorch kernels per class (norms, elementwise); a "
+                    "class not listed runs at memory_efficiency",
+    )
     step_efficiency: Fraction = Field(
         default=1.0,
         description="share of the kernel-level roofline an eager PyTorch training step reaches (kernel gaps, "
@@ -140,8 +145,8 @@ class HardwareProfile(BaseModel):
     def achievable_flops_per_s(self, precision: ComputePrecision) -> float:
         return self.peak_flops_per_s[precision] * self.compute_efficiency[precision]
 
-    def achievable_bandwidth_bytes_per_s(self) -> float:
-        return self.hbm_bandwidth_bytes_per_s * self.memory_efficiency
+    def achievable_bandwidth_bytes_per_s(self, kind: MemoryClass = MemoryClass.STREAM) -> float:
+        return self.hbm_bandwidth_bytes_per_s * self.memory_efficiency_by_class.get(kind, self.memory_efficiency)
 
     def accelerator_intensity(self, precision: ComputePrecision) -> float:
         """Peak FLOP per byte of HBM traffic (lecture: H100 bf16 ~ 295)."""

@@ -12,6 +12,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from hardware.dtypes import ComputePrecision
+from hardware.kernels import MemoryClass
 from hardware.profile import HardwareProfile
 
 
@@ -41,13 +42,15 @@ def op_time(
     hw: HardwareProfile,
     n_kernels: int = 1,
     achievable_flops_per_s: float | None = None,
+    memory_class: MemoryClass = MemoryClass.STREAM,
 ) -> OpTime:
     """Time of one op on ``hw``: the slower of its compute and its memory traffic, plus launches.
     ``achievable_flops_per_s`` is the kernel's own rate (``hardware.kernels``), if known; else
-    the profile's large-GEMM efficiency at ``precision``."""
+    the profile's large-GEMM efficiency at ``precision``. ``memory_class`` picks the achieved share
+    of HBM bandwidth of the op's kind of memory-bound kernel."""
     rate = achievable_flops_per_s or hw.achievable_flops_per_s(precision)
     compute_s = flops / rate if flops else 0.0
-    memory_s = bytes_moved / hw.achievable_bandwidth_bytes_per_s() if bytes_moved else 0.0
+    memory_s = bytes_moved / hw.achievable_bandwidth_bytes_per_s(memory_class) if bytes_moved else 0.0
     ideal_compute_s = flops / hw.peak_flops_per_s[precision] if flops else 0.0
     ideal_memory_s = bytes_moved / hw.hbm_bandwidth_bytes_per_s if bytes_moved else 0.0
     return OpTime.model_construct(

@@ -33,8 +33,9 @@ def time_sources(model: ModelConfig, seq_len: int, hw: HardwareProfile, precisio
                   + (f", x d/(d+{hw.gemm_half_dim:g}) per dimension for smaller ones" if hw.gemm_half_dim else "")
                   + " (measured matmul benchmarks, profile sources)"),
         ("attention", _attention_line(model, seq_len, hw)),
-        ("memory-bound ops", f"{hw.memory_efficiency:.0%} of {hw.hbm_bandwidth_bytes_per_s / 1e12:.2f} TB/s, "
-                             f"{hw.kernel_launch_s * 1e6:.1f} µs per kernel"),
+        ("memory-bound ops", f"{hw.memory_efficiency:.0%} of {hw.hbm_bandwidth_bytes_per_s / 1e12:.2f} TB/s"
+                             + "".join(f", {kind.value} {share:.0%}" for kind, share in hw.memory_efficiency_by_class.items())
+                             + f" (measured kernels), {hw.kernel_launch_s * 1e6:.1f} µs per kernel"),
     ]
     if hw.step_efficiency < 1.0:
         rows.append(("in a real step", f"kernels at {hw.step_efficiency:.0%} of their isolated speed (fitted to "

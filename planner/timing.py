@@ -13,11 +13,11 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from hardware.dtypes import ComputePrecision, DType
-from hardware.kernels import AttentionKernel, Direction, gemm_shape_factor, pick_curve
+from hardware.kernels import AttentionKernel, Direction, MemoryClass, gemm_shape_factor, pick_curve
 from hardware.profile import DeviceKind, HardwareProfile
 from hardware.roofline import Bound, OpTime, op_time
 from planner.graph import GraphNode, LayerGraph
-from planner.ops.base import LayerCost
+from planner.ops.base import LayerCost, OpKind
 from planner.optimizer import OptimizerSpec
 
 # torch's multi_tensor_apply launches one kernel per chunk of at most 36 tensors when four
@@ -147,15 +147,29 @@ def kernel_rate(cost: LayerCost, precision: ComputePrecision, hw: HardwareProfil
     return None
 
 
+# which class of memory-bound kernel each op family runs (docs/kernel_benchmarks.md 3.2)
+MEMORY_CLASS: dict[OpKind, MemoryClass] = {
+    OpKind.LAYERNORM: MemoryClass.NORM,
+    OpKind.RMSNORM: MemoryClass.NORM,
+    OpKind.RESIDUAL_ADD: MemoryClass.ELEMENTWISE,
+    OpKind.GELU: MemoryClass.ELEMENTWISE,
+    OpKind.SILU: MemoryClass.ELEMENTWISE,
+    OpKind.GLU_MUL: MemoryClass.ELEMENTWISE,
+    OpKind.DROPOUT: MemoryClass.ELEMENTWISE,
+    OpKind.ROTARY: MemoryClass.ELEMENTWISE,
+}
+
+
 def _cost_times(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile) -> tuple[OpTime, OpTime, float, float]:
     cost = op.cost
     compute = precision if cost.matmul else ComputePrecision.FP32
+    memory = MEMORY_CLASS.get(op.spec.kind, MemoryClass.STREAM)
     fwd = op_time(cost.fwd_exec, cost.fwd_bytes_moved, compute, hw, cost.fwd_kernels,
-                  kernel_rate(cost, compute, hw, Direction.FWD))
+                  kernel_rate(cost, compute, hw, Direction.FWD), memory)
     bwd_flops = cost.bwd_exec if cost.has_backward else 0.0
     bwd_bytes = cost.bwd_bytes_moved if cost.has_backward else 0.0
     bwd = op_time(bwd_flops, bwd_bytes, compute, hw, cost.bwd_kernels if cost.has_backward else 0,
-                  kernel_rate(cost, compute, hw, Direction.BWD) if bwd_flops else None)
+                  kernel_rate(cost, compute, hw, Direction.BWD) if bwd_flops else None, memory)
     return _in_a_step(fwd, hw), _in_a_step(bwd, hw), bwd_flops, bwd_bytes
 
 

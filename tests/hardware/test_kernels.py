@@ -108,3 +108,29 @@ def test_a_model_file_can_name_the_kernel() -> None:
     with pytest.raises(ValueError, match="attention_kernel"):
         ModelConfig(family="llama", n_layers=1, d_model=256, n_heads=2, d_ff=512, vocab_size=100,
                     attention_kernel="triton-nightly")
+
+
+def test_memory_bound_kernels_run_at_their_class_share_of_bandwidth() -> None:
+    """Eager norms reach about 53% of HBM bandwidth on an A100, elementwise ops 65%, a copy 79%
+    (docs/kernel_benchmarks.md 3): an op's memory time uses its class's share."""
+    from hardware.kernels import MemoryClass
+
+    n_bytes = 1e9
+    copy = op_time(0.0, n_bytes, ComputePrecision.FP32, A100, 0).time_s
+    norm = op_time(0.0, n_bytes, ComputePrecision.FP32, A100, 0, memory_class=MemoryClass.NORM).time_s
+    add = op_time(0.0, n_bytes, ComputePrecision.FP32, A100, 0, memory_class=MemoryClass.ELEMENTWISE).time_s
+    assert copy == pytest.approx(n_bytes / (A100.hbm_bandwidth_bytes_per_s * 0.79))
+    assert norm == pytest.approx(n_bytes / (A100.hbm_bandwidth_bytes_per_s * 0.53))
+    assert add == pytest.approx(n_bytes / (A100.hbm_bandwidth_bytes_per_s * 0.65))
+    l4 = load_hardware("l4")  # no class figures: every class at the copy rate
+    assert l4.achievable_bandwidth_bytes_per_s(MemoryClass.NORM) == l4.achievable_bandwidth_bytes_per_s()
+
+
+def test_norm_ops_are_priced_as_norms() -> None:
+    from hardware.kernels import MemoryClass
+    from planner.ops.base import OpKind
+    from planner.timing import MEMORY_CLASS
+
+    assert MEMORY_CLASS[OpKind.RMSNORM] is MemoryClass.NORM and MEMORY_CLASS[OpKind.LAYERNORM] is MemoryClass.NORM
+    assert MEMORY_CLASS[OpKind.RESIDUAL_ADD] is MemoryClass.ELEMENTWISE
+    assert OpKind.CROSS_ENTROPY not in MEMORY_CLASS  # no published eager figure: the copy rate
