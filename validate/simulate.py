@@ -87,9 +87,9 @@ def scaled_flops(per_step: Callable[[Knobs], float], knobs: Knobs) -> float:
     """A step's FLOPs from two short counted steps: one micro-batch (f_mb + f_opt) and
     ``steady_state_knobs`` (a f_mb + f_opt), so A f_mb + f_opt without running A micro-batches."""
     short = steady_state_knobs(knobs)
+    if short.grad_accum_steps == knobs.grad_accum_steps:  # the whole step is short: count it as it is
+        return per_step(knobs)
     one = per_step(knobs.model_copy(update={"grad_accum_steps": 1}))
-    if short.grad_accum_steps == 1:
-        return one
     several = per_step(short)
     per_micro = (several - one) / (short.grad_accum_steps - 1)
     return one + per_micro * (knobs.grad_accum_steps - 1)
@@ -97,15 +97,17 @@ def scaled_flops(per_step: Callable[[Knobs], float], knobs: Knobs) -> float:
 
 @dataclass(frozen=True)
 class SimulatedStep:
-    peak_allocated_bytes: int
-    flops_per_step: float  # forward + backward (+ recomputation) of all micro-batches of one GPU
+    peak_allocated_bytes: int | None  # None when not measured (``peak=False``)
+    flops_per_step: float | None  # forward + backward (+ recomputation) of all micro-batches of one GPU
     params_bytes: int
 
 
 def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmup_steps: int = 1,
-                  progress: Progress | None = None) -> SimulatedStep:
+                  progress: Progress | None = None, peak: bool = True, flops: bool = True) -> SimulatedStep:
     """Measure one steady-state optimizer step of the planned configuration under fake tensors
-    (with at most three of its micro-batches, see the module docstring)."""
+    (with at most three of its micro-batches, see the module docstring): its peak (a warm-up step
+    creates the optimizer state, the next is tracked) and its FLOPs (steps of their own under
+    FlopCounterMode). ``peak=False`` or ``flops=False`` skips the steps only the other needs."""
     say = progress or (lambda _text: None)
     spec = precision_spec(knobs.precision)
     short = steady_state_knobs(knobs)
@@ -121,14 +123,16 @@ def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmu
         tracker = LiveStorageTracker()
         tracker.track([*net.parameters(), *net.buffers(), input_ids, targets])
         params_bytes = tracker.live_bytes
-        with tracker:
-            for _ in range(warmup_steps):
-                say(f"warm-up step ({short.grad_accum_steps} micro-batches; creates the optimizer state)")
+        measured_peak = None
+        if peak:
+            with tracker:
+                for _ in range(warmup_steps):
+                    say(f"warm-up step ({short.grad_accum_steps} micro-batches; creates the optimizer state)")
+                    train_step(net, optimizer, input_ids, targets, short, spec, scaler)
+                tracker.reset_peak()
+                say(f"measured step ({short.grad_accum_steps} of {knobs.grad_accum_steps} micro-batches)")
                 train_step(net, optimizer, input_ids, targets, short, spec, scaler)
-            tracker.reset_peak()
-            say(f"measured step ({short.grad_accum_steps} of {knobs.grad_accum_steps} micro-batches)")
-            train_step(net, optimizer, input_ids, targets, short, spec, scaler)
-            peak = tracker.peak_bytes
+                measured_peak = tracker.peak_bytes
 
         # FLOPs in steps of their own: FlopCounterMode's module hooks hold tensors and would
         # inflate the memory measured above
@@ -138,6 +142,8 @@ def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmu
                 train_step(net, optimizer, input_ids, targets, step_knobs, spec, scaler)
             return float(counter.get_total_flops())
 
-        say("counting FLOPs")
-        flops = scaled_flops(count, knobs)
-    return SimulatedStep(peak_allocated_bytes=peak, flops_per_step=flops, params_bytes=params_bytes)
+        counted = None
+        if flops:  # FlopCounterMode counts matmuls and attention: alike with or without optimizer state
+            say("counting FLOPs")
+            counted = scaled_flops(count, knobs)
+    return SimulatedStep(peak_allocated_bytes=measured_peak, flops_per_step=counted, params_bytes=params_bytes)

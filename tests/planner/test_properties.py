@@ -114,7 +114,7 @@ def test_dropping_accumulation_can_lower_the_peak_as_in_torch() -> None:
         knobs = Knobs(micro_batch_size=b, grad_accum_steps=GLOBAL_BATCH // b, precision=PrecisionPolicy.BF16_MIXED,
                       checkpoint_blocks=(0, 1))
         predicted[b] = estimate(COUNTEREXAMPLE, training, HW, knobs).memory.peak_allocated_bytes
-        measured[b] = simulate_step(COUNTEREXAMPLE, training, knobs).peak_allocated_bytes
+        measured[b] = simulate_step(COUNTEREXAMPLE, training, knobs, flops=False).peak_allocated_bytes
     assert measured[8] < measured[4]  # torch itself
     assert predicted[8] < predicted[4]  # and the planner agrees
     assert predicted == measured
@@ -138,7 +138,7 @@ def test_checkpointing_the_last_block_alone_can_raise_the_peak_as_in_torch() -> 
         knobs = Knobs(micro_batch_size=1, grad_accum_steps=8, precision=PrecisionPolicy.BF16_MIXED,
                       checkpoint_blocks=blocks)
         predicted[blocks] = estimate(LAST_BLOCK_CASE, training, HW, knobs).memory.peak_allocated_bytes
-        measured[blocks] = simulate_step(LAST_BLOCK_CASE, training, knobs).peak_allocated_bytes
+        measured[blocks] = simulate_step(LAST_BLOCK_CASE, training, knobs, flops=False).peak_allocated_bytes
     assert measured[(0,)] > measured[()]  # torch itself
     assert predicted[(0,)] - predicted[()] == measured[(0,)] - measured[()]  # the planner, to the byte
     for blocks in predicted:  # and each peak within 0.5%

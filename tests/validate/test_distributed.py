@@ -30,35 +30,108 @@ def _plan(gpus: int, stage: int, accum: int = 2, precision: str = "fp32", blocks
     return api.estimate_plan(model, training, "h100-sxm", knobs)
 
 
-@pytest.mark.parametrize(("stage", "accum", "precision", "sync"),
-                         [(0, 1, "fp32", "every"), (1, 2, "fp32", "every"), (2, 2, "fp32", "every"),
-                          (3, 1, "bf16-mixed", "every"), (3, 3, "bf16-mixed", "last")])
-def test_two_ranks_over_gloo(stage: int, accum: int, precision: str, sync: str, tmp_path: Path) -> None:
-    """A real 2-rank CPU run (torchrun, gloo): every rank measured by the tracker, the largest
-    within 5% of the predicted per-rank peak (issue 5 asks 5%; the planner is built to match)."""
-    plan = _plan(2, stage, accum=accum, precision=precision, blocks=(1,), sync=sync).save(tmp_path / "plan.json")
+GLOO_CASES = [(0, 1, "fp32", "every"), (1, 2, "fp32", "every"), (2, 2, "fp32", "every"), (3, 1, "bf16-mixed", "every"),
+              (3, 3, "bf16-mixed", "last")]
+
+# torchrun starts each rank as `python WORKER plan0.json plan1.json ...`; the worker validates
+# every plan with `--mode run --device cpu --steps 1 --json`, one after another in the same two
+# ranks. The first plan runs exactly as `torchrun -m validate PLAN ...` does (validate/__main__.py,
+# which creates, and afterwards destroys, the gloo process group); the others go through the same
+# CLI (validate.cli.main) in one group the worker creates under its own store prefix (creating a
+# second default group on torchrun's store races with the first one's keys: a rank can join the
+# old group and hang). Rank 0 prints one line per plan; a rank that fails ends the launch (the
+# other would wait in a collective).
+GLOO_WORKER = """
+import contextlib, io, json, os, runpy, sys
+import torch.distributed as dist
+from validate.cli import main
+
+def validate(index, path, as_module=False):
+    argv = [path, "--mode", "run", "--device", "cpu", "--steps", "1", "--json"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        if as_module:  # python -m validate ARGV
+            sys.argv = ["validate", *argv]
+            try:
+                runpy.run_module("validate", run_name="__main__", alter_sys=True)
+                code = 0
+            except SystemExit as stop:
+                code = stop.code or 0
+        else:
+            code = main(argv)
+    if os.environ["RANK"] == "0":
+        print("PLAN " + json.dumps({"index": index, "code": code, "stdout": out.getvalue()}), flush=True)
+    if code != 0 and not out.getvalue():
+        sys.exit(code)
+
+first, *others = sys.argv[1:]
+validate(0, first, as_module=True)
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
+dist.init_process_group("gloo", store=dist.PrefixStore("roofplan-tests", store), rank=rank, world_size=world)
+for index, path in enumerate(others, start=1):
+    validate(index, path)
+    dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def gloo_reports(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, dict], str]:
+    """One 2-rank torchrun launch (gloo) running every GLOO_CASES plan: starting torchrun and its
+    ranks (three processes importing torch) cost more than the steps when each case had its own.
+    Returns rank 0's results by case index and, if the launch failed, why."""
+    tmp = tmp_path_factory.mktemp("gloo")
+    plans = [str(_plan(2, stage, accum=accum, precision=precision, blocks=(1,), sync=sync).save(tmp / f"plan{i}.json"))
+             for i, (stage, accum, precision, sync) in enumerate(GLOO_CASES)]
+    worker = tmp / "worker.py"
+    worker.write_text(GLOO_WORKER)
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "validate", str(plan), "--mode", "run", "--device", "cpu", "--steps", "1", "--json"],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(worker), *plans],
         capture_output=True, text=True, timeout=600, check=False, cwd=ROOT)
+    results = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("PLAN "):
+            result = json.loads(line[len("PLAN "):])
+            results[result["index"]] = result
+    failure = ""
     if done.returncode != 0:  # the failing rank's own lines first: torchrun's summary alone says little
         lines = done.stderr.splitlines()
         causes = [line for line in lines if any(w in line for w in ("Error", "error:", "Signal", "what()", "terminate"))]
-        pytest.fail(f"torchrun exited {done.returncode}:\n" + "\n".join(causes[-20:]) + "\n--- stderr tail ---\n"
-                    + "\n".join(lines[-30:]))
-    report = json.loads(done.stdout[done.stdout.index("{"):])
+        failure = (f"torchrun exited {done.returncode}:\n" + "\n".join(causes[-20:]) + "\n--- stderr tail ---\n"
+                   + "\n".join(lines[-30:]))
+    return results, failure
+
+
+@pytest.mark.parametrize("case", range(len(GLOO_CASES)), ids=["-".join(map(str, case)) for case in GLOO_CASES])
+def test_two_ranks_over_gloo(case: int, gloo_reports: tuple[dict[int, dict], str]) -> None:
+    """A real 2-rank CPU run (torchrun, gloo): every rank measured by the tracker, the largest
+    within 5% of the predicted per-rank peak (issue 5 asks 5%; the planner is built to match)."""
+    results, failure = gloo_reports
+    if case not in results or results[case]["code"] != 0 and not results[case]["stdout"]:
+        pytest.fail(failure or "no report for this plan")
+    report = json.loads(results[case]["stdout"][results[case]["stdout"].index("{"):])
     assert len(report["per_rank"]) == 2
     assert abs(report["errors"]["peak_allocated"]) < 0.05
     assert report["verdict"] == "pass"
+    assert results[case]["code"] == 0
 
 
+# DDP (stage 0) on 8 or 64 GPUs measured exactly the step it measures on 2: every rank holds the
+# whole model, all its gradients and the whole optimizer state and runs its own micro-batches, so
+# the emulation reads nothing of the world size, and the planner predicts the same per-rank peak.
+# Stage 0 is therefore simulated on 2 GPUs only, and its 8- and 64-GPU plans are checked to predict
+# that same peak. ZeRO-1's partition shrinks with the world size: stage 1 keeps every size.
 @pytest.mark.parametrize("accum", [1, 2])
-@pytest.mark.parametrize("gpus", [2, 8, 64])
-@pytest.mark.parametrize("stage", [0, 1])
+@pytest.mark.parametrize(("stage", "gpus"), [(0, 2), (1, 2), (1, 8), (1, 64)])
 def test_one_rank_emulated(stage: int, gpus: int, accum: int) -> None:
     report = validate(_plan(gpus, stage, accum=accum, precision="bf16-mixed"), mode="simulate")
     assert report.passed, report.notes
     assert abs(report.errors["peak_allocated"]) < 0.03
+    if stage == 0:
+        for more in (8, 64):
+            same_step = _plan(more, 0, accum=accum, precision="bf16-mixed").best.estimate.memory
+            assert same_step.peak_allocated_bytes == report.predicted.peak_allocated_bytes
 
 
 @pytest.mark.parametrize(("stage", "precision", "accum", "blocks"), [

@@ -1,8 +1,12 @@
-"""The GPU validation suite script runs end to end (tiny configurations on the CPU)."""
+"""The GPU validation suite script runs end to end (tiny configurations on the CPU).
+
+The script runs in this process (``runpy``, as ``python benchmarks/gpu_validation.py`` would run
+it): a subprocess only added a second torch import.
+"""
 
 from __future__ import annotations
 
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -13,20 +17,28 @@ pytest.importorskip("torch")
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_validation.py"
 
 
-def test_quick_cpu_run_writes_the_table(tmp_path: Path) -> None:
+def _run_script(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
+    """The script's exit status, run as ``python SCRIPT *argv``."""
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *argv])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    return int(stop.value.code or 0)
+
+
+def test_quick_cpu_run_writes_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "validation.md"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--device", "cpu", "--steps", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
+    code = _run_script(monkeypatch, "--quick", "--device", "cpu", "--steps", "2", "--out", str(out))
+    assert code == 0, capsys.readouterr().err
     text = out.read_text()
     assert text.count("\n| tiny") == 3
     assert "predicted peak" in text and "+0.0%" in text  # memory is exact on the CPU tracker
 
 
-def test_refuses_cuda_without_a_gpu() -> None:
+def test_refuses_cuda_without_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 2 and "no CUDA device" in done.stderr
+    assert _run_script(monkeypatch) == 2
+    assert "no CUDA device" in capsys.readouterr().err

@@ -94,3 +94,16 @@ def test_short_step_on_several_gpus(monkeypatch: pytest.MonkeyPatch, stage: int,
     assert short.measured.peak_allocated_bytes == full.measured.peak_allocated_bytes  # type: ignore[attr-defined]
     assert short.verdict is Verdict.PASS
     assert any("3 of its 5 micro-batches" in note for note in short.notes)  # type: ignore[attr-defined]
+
+
+def test_peak_or_flops_alone_measure_what_both_do() -> None:
+    """``simulate_step(peak=False)`` / ``(flops=False)`` skip only the steps the other figure needs."""
+    from validate.simulate import simulate_step
+
+    knobs = Knobs(micro_batch_size=2, grad_accum_steps=4, precision="bf16-mixed", checkpoint_blocks=(1,))
+    training = TrainConfig(seq_len=SEQ, global_batch_size=8)
+    both = simulate_step(MODEL, training, knobs)
+    peak_only = simulate_step(MODEL, training, knobs, flops=False)
+    flops_only = simulate_step(MODEL, training, knobs, peak=False)
+    assert peak_only.peak_allocated_bytes == both.peak_allocated_bytes and peak_only.flops_per_step is None
+    assert flops_only.flops_per_step == both.flops_per_step and flops_only.peak_allocated_bytes is None

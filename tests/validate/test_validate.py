@@ -3,17 +3,24 @@ the out-of-memory path, the CLI and `hardware calibrate`."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from hardware.profile import HardwareProfile  # noqa: E402
+from hardware.registry import load_hardware  # noqa: E402
 from planner import api  # noqa: E402
 from planner.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.estimate import cached_graph, estimate  # noqa: E402
 from planner.knobs import Knobs  # noqa: E402
+from planner.precision import precision_spec  # noqa: E402
 from planner.results import PlanResult  # noqa: E402
+from validate import calibrate as calibrate_module  # noqa: E402
 from validate import run as run_module  # noqa: E402
 from validate.api import validate  # noqa: E402
 from validate.cli import main as validate_main  # noqa: E402
@@ -56,7 +63,7 @@ def test_simulate_with_dropout(attention: str, gpus: int, stage: int, precision:
     assert any("attention dropout is left out" in note for note in report.notes) == (attention == "flash")
 
 
-def test_run_on_cpu_with_dropout_says_why_memory_reads_high() -> None:
+def test_run_on_cpu_with_dropout_says_why_memory_reads_high(placeholder_cpu_profile: HardwareProfile) -> None:
     """A real CPU step cannot run flash attention with dropout: the math kernel keeps T x T
     probabilities the plan (for a GPU) does not count. The report fails on memory and says why."""
     model = ModelConfig.model_validate({**SMALL.model_dump(), "n_layers": 2, "dropout": 0.1})
@@ -91,35 +98,98 @@ def test_simulate_7b(precision: str, blocks: tuple[int, ...]) -> None:
     assert abs(report.errors["peak_allocated"]) < 0.03
 
 
-def test_run_on_cpu_real_step() -> None:
-    """A small model's real step: bytes from the tracker within 3%, time within 40% of a CPU
-    profile calibrated in the same process. One thread: a 2-core CI machine's timing noise would
-    otherwise dominate a 0.2 s step.
+def _spy_on_calibration(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object, HardwareProfile]]:
+    """Record every in-process CPU calibration ``run`` makes (device, workload, profile); the real
+    calibration still runs."""
+    real = calibrate_module.calibrate
+    calls: list[tuple[str, object, HardwareProfile]] = []
 
-    The time is a wall-clock comparison on a shared VM: the in-process calibration of this model's
-    kernels alone varies 80-110 GFLOP/s from one run to the next. Fifteen runs in a row on an idle
-    2-core machine: errors from -11% to +45% (median +10%), two of them past 40%. So the time gets
-    up to three tries (both sides are re-measured each time); a systematic error fails all three.
-    Bytes and FLOPs are deterministic and checked on every try."""
-    model = SMALL.model_copy(update={"n_layers": 2})
-    training = TrainConfig(seq_len=256, global_batch_size=8)
-    plan = _plan(model, training, Knobs(micro_batch_size=4, grad_accum_steps=2, precision="fp32"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    time_errors = []
-    try:
-        for _ in range(3):
-            report = validate(plan, mode="run", device="cpu", steps=5)
-            assert report.fits
-            assert abs(report.errors["peak_allocated"]) < 0.03
-            assert abs(report.errors["model_flops"]) < 0.005
-            time_errors.append((report.errors["step_time"], report.notes))
-            if abs(report.errors["step_time"]) < 0.40:
-                break
-    finally:
-        torch.set_num_threads(threads)
-    assert abs(time_errors[-1][0]) < 0.40, time_errors
-    assert report.verdict is Verdict.PASS
+    def spy(device: str = "cpu", *args: object, **kwargs: object) -> HardwareProfile:
+        profile = real(device, *args, **kwargs)  # type: ignore[arg-type]
+        calls.append((device, kwargs.get("workload"), profile))
+        return profile
+
+    monkeypatch.setattr(calibrate_module, "calibrate", spy)
+    return calls
+
+
+@pytest.fixture
+def placeholder_cpu_profile(monkeypatch: pytest.MonkeyPatch) -> HardwareProfile:
+    """The bundled ``cpu`` profile in place of ``run``'s in-process calibration (2-3 s a run) for
+    tests that do not judge time; test_run_on_cpu_real_step calibrates for real."""
+    profile = load_hardware("cpu")
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda device="cpu", *args, **kwargs: profile)
+    return profile
+
+
+REAL_STEP_MODEL = SMALL.model_copy(update={"n_layers": 2})
+REAL_STEP_TRAINING = TrainConfig(seq_len=256, global_batch_size=8)
+REAL_STEP_KNOBS = Knobs(micro_batch_size=4, grad_accum_steps=2, precision="fp32")
+
+
+def test_run_on_cpu_real_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small model's real step: bytes from the tracker within 3% and FLOPs within 0.5% (both
+    deterministic); the step time measured (positive, tokens/s derived from it) and predicted
+    with the CPU profile calibrated in the same process on the plan's own kernels: exactly what
+    ``estimate`` gives with that profile, judged against the 40% CPU tolerance.
+
+    Whether the measured time lands within 40% is not asserted: that is a wall-clock comparison
+    on a shared machine (the in-process calibration of this model's kernels alone varied 80-110
+    GFLOP/s from one run to the next; fifteen runs on an idle 2-core machine erred from -11% to
+    +45%, two of them past 40%, so this test used to retry up to three times and still failed
+    now and then). ``python benchmarks/cpu_step_time.py`` measures that figure; the judgement of
+    time is checked on a mocked clock in test_run_on_cpu_judges_time_on_a_mocked_clock."""
+    calls = _spy_on_calibration(monkeypatch)
+    plan = _plan(REAL_STEP_MODEL, REAL_STEP_TRAINING, REAL_STEP_KNOBS)
+    report = validate(plan, mode="run", device="cpu", steps=2)
+    assert report.fits and not report.out_of_memory
+    assert abs(report.errors["peak_allocated"]) < 0.03
+    assert abs(report.errors["model_flops"]) < 0.005
+    [(device, workload, profile)] = calls  # calibrated once, on the CPU, on the plan's graph
+    assert device == "cpu"
+    assert workload is cached_graph(REAL_STEP_MODEL, 4, 256, precision_spec("fp32"))
+    expected = estimate(REAL_STEP_MODEL, REAL_STEP_TRAINING, profile, REAL_STEP_KNOBS, plan.hbm_cap_bytes)
+    assert expected.step_time_s != plan.best.estimate.step_time_s  # the CPU profile's, not the H100 plan's
+    assert report.predicted.step_time_s == expected.step_time_s
+    assert report.predicted.tokens_per_s == expected.tokens_per_s
+    measured = report.measured.step_time_s
+    assert measured is not None and measured > 0 and math.isfinite(measured)
+    assert report.measured.tokens_per_s == pytest.approx(REAL_STEP_TRAINING.tokens_per_step / measured)
+    assert report.errors["step_time"] == pytest.approx(measured / expected.step_time_s - 1)
+    assert report.tolerances["step_time"] == 0.40
+    # bytes and FLOPs pass, so the verdict is the time's
+    assert report.passed == (abs(report.errors["step_time"]) <= 0.40), report.notes
+    assert any("calibrated in this process on the plan's kernels" in note for note in report.notes)
+
+
+@pytest.mark.parametrize(("slowdown", "verdict"), [(1.25, Verdict.PASS), (0.7, Verdict.PASS), (1.5, Verdict.FAIL),
+                                                   (0.5, Verdict.FAIL)])
+def test_run_on_cpu_judges_time_on_a_mocked_clock(monkeypatch: pytest.MonkeyPatch, slowdown: float,
+                                                  verdict: Verdict, placeholder_cpu_profile: HardwareProfile) -> None:
+    """The time judgement of a real CPU run with a clock that cannot flake: every timed step
+    takes exactly ``slowdown`` x the predicted time on a mocked ``time.perf_counter`` (one tick
+    per call; nothing in the step reads the clock), against the fixed placeholder CPU profile.
+    Within 40% passes; beyond, the report fails and says by how much. (A one-block model: the
+    clock, not the step, is under test.)"""
+    import time
+
+    model = SMALL.model_copy(update={"n_layers": 1})
+    training = TrainConfig(seq_len=64, global_batch_size=2)
+    knobs = Knobs(micro_batch_size=2, precision="fp32")
+    plan = _plan(model, training, knobs)
+    predicted = estimate(model, training, placeholder_cpu_profile, knobs, plan.hbm_cap_bytes).step_time_s
+    ticks = itertools.count()
+    with monkeypatch.context() as clock:
+        clock.setattr(time, "perf_counter", lambda: next(ticks) * predicted * slowdown)
+        report = validate(plan, mode="run", device="cpu", steps=3)
+    assert report.fits
+    assert report.predicted.step_time_s == predicted
+    assert report.measured.step_time_s == pytest.approx(predicted * slowdown, rel=1e-9)
+    assert report.measured.tokens_per_s == pytest.approx(training.tokens_per_step / (predicted * slowdown), rel=1e-9)
+    assert report.errors["step_time"] == pytest.approx(slowdown - 1, abs=1e-9)
+    assert report.verdict is verdict, report.notes
+    reasons = [note for note in report.notes if "off by" in note]
+    assert reasons == ([] if verdict is Verdict.PASS else [f"step_time off by {slowdown - 1:+.1%} (tolerance ±40%)"])
 
 
 def test_tracker_equals_memtracker() -> None:
@@ -154,7 +224,8 @@ def test_tracker_equals_memtracker() -> None:
         assert ours.peak_bytes == expected
 
 
-def test_out_of_memory_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_out_of_memory_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                             placeholder_cpu_profile: HardwareProfile) -> None:
     def oom(*args: object, **kwargs: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
