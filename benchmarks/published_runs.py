@@ -51,7 +51,12 @@ predicted not to fit are listed. Known differences between the runs and what is 
 corrected here): MPT's loss is flash-attn's fused cross-entropy (``loss_fn: fused_crossentropy``,
 llm-foundry's default), while roofplan holds fp32 log-probabilities and their gradient at the loss
 (B x T x V x 4 bytes several times): most rows predicted not to fit peak at the loss, without
-checkpointing. The attention kernel was llm-foundry's triton flash attention, priced as flash. Uses only the public API (planner.api, planner.params,
+checkpointing.
+
+Fitted (``--fit``), on the fit half only: per GPU type, ``step_efficiency`` and the causal rate of the
+Triton attention kernel (its only published figures, the FlashAttention README's A100 bars, were
+taken with a different Triton compiler and read 35% below what these runs imply; no H100 figure is
+published; docs/kernel_benchmarks.md 2.7). Everything else is priced from kernel benchmarks. Uses only the public API (planner.api, planner.params,
 hardware.registry); never imports torch.
 """
 
@@ -71,6 +76,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from hardware.kernels import AttentionCurve, AttentionKernel, Direction  # noqa: E402
 from hardware.profile import HardwareProfile  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
 from planner import api  # noqa: E402
@@ -80,6 +86,9 @@ FIXTURES = REPO / "tests" / "fixtures" / "published"
 RUNS_CSV = FIXTURES / "llm_foundry_benchmarks.csv"
 MODELS_CSV = FIXTURES / "mpt_models.csv"
 GPUS_PER_NODE = 8
+RUNS_ATTENTION_KERNEL = "flash-triton"  # the runs' attn_impl: triton (mpt_models.csv)
+TRITON_SOURCE = ("fitted: fit half of llm-foundry's published MPT runs (benchmarks/published_runs.py --fit); "
+                 "docs/kernel_benchmarks.md 2.7")
 
 HARDWARE = {"h100_80gb": "h100-sxm", "a100_80gb": "a100-sxm-80gb", "a100_40gb": "a100-sxm-40gb"}
 ZERO_STAGE = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
@@ -140,8 +149,8 @@ class Result:
         return "<=2k" if self.seq_len <= 2048 else "4-8k" if self.seq_len <= 8192 else ">=16k"
 
 
-def build_model(arch: dict[str, str], seq_len: int, global_batch: int,
-                name: str) -> tuple[api.ModelConfig, api.TrainConfig]:
+def build_model(arch: dict[str, str], seq_len: int, global_batch: int, name: str,
+                attention_kernel: str = RUNS_ATTENTION_KERNEL) -> tuple[api.ModelConfig, api.TrainConfig]:
     """roofplan ModelConfig and TrainConfig of one MPT size at one context (through api.load_model)."""
     d_model = int(arch["d_model"])
     spec = {
@@ -152,7 +161,7 @@ def build_model(arch: dict[str, str], seq_len: int, global_batch: int,
             "max_seq_len": seq_len,  # MPT's learned position table: max_seq_len = the run's seq_len
             "tie_embeddings": True,
             "qkv_bias": True, "attn_out_bias": True, "mlp_bias": True, "norm_bias": True,  # no_bias=False
-            "norm": "layernorm", "mlp": "gelu", "positions": "learned", "attention": "flash",
+            "norm": "layernorm", "mlp": "gelu", "positions": "learned", "attention": "flash", "attention_kernel": attention_kernel,
         },
         "training": {"seq_len": seq_len, "global_batch_size": global_batch},
     }
@@ -172,7 +181,8 @@ def split_half(rows: list[dict[str, str]]) -> list[str]:
 
 
 def plan_row(row: dict[str, str], models: dict[str, dict[str, str]],
-             profiles: dict[str, HardwareProfile] | None = None) -> Result:
+             profiles: dict[str, HardwareProfile] | None = None,
+             attention_kernel: str = RUNS_ATTENTION_KERNEL) -> Result:
     seq_len, n_gpus = int(row["seq_len"]), int(row["n_gpus"])
     mbs, accum, gbs = int(row["micro_batch_size"]), int(row["grad_accum"]), int(row["global_batch_size"])
     published = float(row["throughput_tokens_per_s_per_gpu"])
@@ -188,7 +198,7 @@ def plan_row(row: dict[str, str], models: dict[str, dict[str, str]],
     # the step as priced: the published global batch, or (uneven micro-batches) every micro-batch full
     priced_batch = mbs * accum * n_gpus
     result.padded_step = priced_batch != gbs
-    model, training = build_model(arch, seq_len, priced_batch, f"mpt-{row['model']}")
+    model, training = build_model(arch, seq_len, priced_batch, f"mpt-{row['model']}", attention_kernel)
     n = count_params(model)
     assert n == result.num_params, (
         f"{row['table']} {row['model']} seq {seq_len}: roofplan counts {n:,} parameters, the table says "
@@ -300,25 +310,52 @@ def print_summary(summary: list[dict[str, object]]) -> None:
     print()
 
 
-def fit_step_efficiency(rows: list[dict[str, str]], models: dict[str, dict[str, str]], profile: str,
-                        low: float = 0.3, high: float = 1.0, rounds: int = 14) -> tuple[float, float]:
-    """The ``step_efficiency`` of ``profile`` that makes the median error of ``rows`` (its fit half)
-    zero, by bisection (the predicted throughput grows with it); returns (value, median error)."""
-    base = load_hardware(profile)
-
-    def median_error(value: float) -> float:
-        tuned = {profile: base.model_copy(update={"step_efficiency": value})}
-        errors = [r.error for r in (plan_row(row, models, tuned) for row in rows) if r.error is not None]
-        return statistics.median(errors)
-
+def _bisect(median_error: Callable[[float], float], low: float, high: float, rounds: int) -> float:
+    """The value in [low, high] where ``median_error`` (growing with the value) crosses zero."""
     for _ in range(rounds):
         middle = (low + high) / 2
         if median_error(middle) > 0:
             high = middle
         else:
             low = middle
-    value = round((low + high) / 2, 3)
-    return value, median_error(value)
+    return (low + high) / 2
+
+
+def _median_error(rows: list[dict[str, str]], models: dict[str, dict[str, str]], profile: str,
+                  hardware: HardwareProfile) -> float:
+    errors = [r.error for r in (plan_row(row, models, {profile: hardware}) for row in rows) if r.error is not None]
+    return statistics.median(errors)
+
+
+def with_triton_rate(hardware: HardwareProfile, tflops: float) -> HardwareProfile:
+    """``hardware`` with llm-foundry's Triton attention kernel at one causal rate (any head dim, any
+    length: the runs' marginal rates are flat from 4k to 64k tokens and alike at head dims 64 and 128)."""
+    kept = tuple(c for c in hardware.attention_curves if c.kernel is not AttentionKernel.FLASH_TRITON)
+    fitted = AttentionCurve(kernel=AttentionKernel.FLASH_TRITON, direction=Direction.FWD_BWD, causal=True,
+                            head_dim=128, seq_lens=(8192,), tflops=(round(tflops, 1),), source=TRITON_SOURCE)
+    return hardware.model_copy(update={"attention_curves": (*kept, fitted)})
+
+
+def fit_profile(rows: list[dict[str, str]], models: dict[str, dict[str, str]], profile: str,
+                rounds: int = 12, sweeps: int = 5) -> tuple[HardwareProfile, float, float]:
+    """Fit two numbers of ``profile`` on ``rows`` (its fit half), by alternating bisections: the
+    Triton attention kernel's causal rate, so that the median error of the rows of at least 8k tokens
+    is zero (the context where attention is most of the step), and ``step_efficiency``, so that the
+    median error of all rows is zero. Returns the fitted profile and both medians."""
+    hardware = load_hardware(profile)
+    long_rows = [r for r in rows if int(r["seq_len"]) >= 8192]
+    rate = next((c.tflops[0] for c in hardware.attention_curves if c.kernel is AttentionKernel.FLASH_TRITON), 100.0)
+    for _ in range(sweeps):
+        hardware = with_triton_rate(hardware, rate)
+        efficiency = round(_bisect(lambda v: _median_error(
+            rows, models, profile, hardware.model_copy(update={"step_efficiency": v})), 0.3, 1.0, rounds), 3)
+        hardware = hardware.model_copy(update={"step_efficiency": efficiency})
+        if long_rows:
+            rate = _bisect(lambda v: _median_error(long_rows, models, profile, with_triton_rate(hardware, v)),
+                           20.0, 1000.0, rounds)
+    hardware = with_triton_rate(hardware, rate)
+    long_error = _median_error(long_rows, models, profile, hardware) if long_rows else float("nan")
+    return hardware, _median_error(rows, models, profile, hardware), long_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,17 +411,50 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def marginal_attention_rates(rows: list[dict[str, str]], models: dict[str, dict[str, str]]) -> dict[str, list[float]]:
+    """Model-free attention rates (TFLOP/s) per GPU read off the published rows alone: for two runs of
+    one model on one GPU type and GPU count, same checkpointing, contexts T1 < T2 (both >= 4k), the
+    extra seconds per token over the extra attention FLOPs per token. FlashAttention's convention:
+    causal forward ``2 T D`` per token and layer, backward 2.5 x forward, checkpointing recomputes
+    the forward once: ``(7 or 9) L T D``. Everything else that grows with T (the learned position
+    table) is counted as attention, so these are lower bounds of the kernel's in-step rate."""
+    groups: dict[tuple[str, ...], list[dict[str, str]]] = {}
+    for row in rows:
+        if row["precision"] in ("amp_bf16", "bf16") and int(row["seq_len"]) >= 4096:
+            key = (row["gpu"], row["table"], row["model"], row["n_gpus"], row["activation_checkpointing"])
+            groups.setdefault(key, []).append(row)
+    rates: dict[str, list[float]] = {}
+    for (gpu, _table, model, _n, checkpointed), runs in sorted(groups.items()):
+        arch = models[model]
+        per_t = (9 if _bool(checkpointed) else 7) * int(arch["n_layers"]) * int(arch["d_model"])
+        runs.sort(key=lambda r: int(r["seq_len"]))
+        for a, b in zip(runs, runs[1:], strict=False):
+            extra_s = 1 / float(b["throughput_tokens_per_s_per_gpu"]) - 1 / float(a["throughput_tokens_per_s_per_gpu"])
+            extra_flops = per_t * (int(b["seq_len"]) - int(a["seq_len"]))
+            if extra_s > 0:
+                rates.setdefault(gpu, []).append(extra_flops / extra_s / 1e12)
+    return rates
+
+
 def fit_main() -> int:
-    """Fit ``step_efficiency`` per profile on the fit half; print it and the test half's errors."""
+    """Fit each profile's Triton attention rate and ``step_efficiency`` on the fit half; print them
+    and the test half's errors with them."""
     models = {m["model"]: m for m in read_csv(MODELS_CSV)}
     rows = read_csv(RUNS_CSV)
     halves = split_half(rows)
     fitted: dict[str, HardwareProfile] = {}
     for profile in sorted({HARDWARE[r["gpu"]] for r in rows if r["gpu"] in HARDWARE}):
         fit_rows = [r for r, h in zip(rows, halves, strict=True) if h == "fit" and HARDWARE.get(r["gpu"]) == profile]
-        value, error = fit_step_efficiency(fit_rows, models, profile)
-        fitted[profile] = load_hardware(profile).model_copy(update={"step_efficiency": value})
-        print(f"{profile}: step_efficiency {value} (fit half: {len(fit_rows)} rows, median error {error:+.1%})")
+        hardware, error, long_error = fit_profile(fit_rows, models, profile)
+        fitted[profile] = hardware
+        rate = next(c.tflops[0] for c in hardware.attention_curves if c.kernel is AttentionKernel.FLASH_TRITON)
+        print(f"{profile}: step_efficiency {hardware.step_efficiency}, flash-triton causal {rate} TFLOP/s "
+              f"(fit half: {len(fit_rows)} rows, median error {error:+.1%}; >= 8k tokens {long_error:+.1%})")
+    print("\nModel-free marginal attention rates of the fit half (marginal_attention_rates), TFLOP/s:")
+    fit_half = [r for r, h in zip(rows, halves, strict=True) if h == "fit"]
+    for gpu, rates in marginal_attention_rates(fit_half, models).items():
+        print(f"  {gpu}: median {statistics.median(rates):.0f} over {len(rates)} pairs "
+              f"({min(rates):.0f}-{max(rates):.0f})")
     test = [plan_row(r, models, fitted) for r, h in zip(rows, halves, strict=True) if h == "test"]
     print("\nTest half, with the fitted values:")
     print_summary(summarize(test))

@@ -31,6 +31,7 @@ class AttentionKernel(StrEnum):
     FLASH2 = "flash2"  # FlashAttention-2 (torch's built-in flash backend)
     FLASH3 = "flash3"  # FlashAttention-3 (Hopper; the flash-attn package)
     CUDNN = "cudnn"  # cuDNN's fused attention (torch's cuDNN backend)
+    FLASH_TRITON = "flash-triton"  # FlashAttention's Triton kernel (flash_attn_triton.py; llm-foundry's attn_impl: triton)
     MATH = "math"  # matmul, softmax, matmul: torch's math backend and eager attention
 
 

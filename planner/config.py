@@ -103,7 +103,8 @@ class ModelConfig(BaseModel):
     attention: AttentionImpl = Field(default=AttentionImpl.FLASH, description="flash (fused SDPA) or eager")
     attention_kernel: AttentionKernel | None = Field(
         default=None,
-        description="the fused kernel that runs flash attention (flash2, flash3, cudnn); default: the one the "
+        description="the fused kernel that runs flash attention (flash2, flash3, cudnn, flash-triton: "
+                    "llm-foundry's attn_impl: triton); default: the one the "
                     "hardware profile says PyTorch's SDPA picks there. Prices time only; memory is the same",
     )
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout probability (embeddings, attention, residual)")

@@ -6,9 +6,11 @@ tests/fixtures/published/llm_foundry_benchmarks.csv); planned by benchmarks/publ
 
 The time model's kernel figures come from kernel benchmarks (docs/kernel_benchmarks.md): GEMM
 efficiency and shape law, attention by kernel and sequence length, HBM bandwidth, NCCL bus
-bandwidths, and the compute slowdown under overlapped communication. One number per GPU type is
-fitted end to end: ``step_efficiency``, on the FIT half of the rows (alternate rows of each table,
-``split_half``); the targets below are checked on the TEST half, which the fit never saw.
+bandwidths, and the compute slowdown under overlapped communication. Two numbers per GPU type are
+fitted end to end, on the FIT half of the rows (alternate rows of each table, ``split_half``):
+``step_efficiency``, and the causal rate of the runs' attention kernel (llm-foundry's Triton
+FlashAttention, whose published A100 figures are for a different Triton compiler and which has no
+published H100 figure). The targets below are checked on the TEST half, which the fit never saw.
 torchtitan's A100 runs (tests/planner/test_published_throughput.py) are a second, independent check.
 """
 
@@ -19,6 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from hardware.registry import load_hardware
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from published_runs import MODELS_CSV, RUNS_CSV, Result, plan_row, read_csv, split_half  # noqa: E402
@@ -52,11 +56,29 @@ def test_per_gpu_type_on_the_test_half(planned: dict[str, list[Result]], gpu: st
     assert statistics.median(abs(e) for e in errors) <= 0.12  # median absolute error at most 12%
 
 
-@pytest.mark.parametrize("gpu", ["a100_40gb", "a100_80gb", "h100_80gb"])
-def test_the_stored_fit_reproduces_its_half(planned: dict[str, list[Result]], gpu: str) -> None:
-    """The profiles' step_efficiency values are what `published_runs.py --fit` found: the fit
-    half's median error is zero (within rounding of the stored value)."""
-    assert abs(statistics.median(_errors(planned["fit"], lambda r: r.gpu == gpu))) <= 0.01
+@pytest.mark.parametrize(("gpu", "profile"), [("a100_40gb", "a100-sxm-40gb"), ("a100_80gb", "a100-sxm-80gb"),
+                                              ("h100_80gb", "h100-sxm")])
+def test_the_stored_fit_reproduces_its_half(planned: dict[str, list[Result]], gpu: str, profile: str) -> None:
+    """The profiles' step_efficiency and flash-triton rate are what `published_runs.py --fit` found:
+    on the fit half the median error of all rows, and of the rows of 8k tokens or more, is zero
+    (within rounding of the stored values); where step_efficiency is at its ceiling (1.0: kernels
+    cannot run faster in a step than alone) the model may stay pessimistic, never optimistic."""
+    fit = [r for r in planned["fit"] if r.error is not None and r.gpu == gpu]
+    overall = statistics.median(r.error for r in fit)
+    at_ceiling = load_hardware(profile).step_efficiency == 1.0
+    assert abs(overall) <= 0.01 or (at_ceiling and -0.03 <= overall < 0), overall
+    assert abs(statistics.median(r.error for r in fit if r.seq_len >= 8192)) <= 0.01
+
+
+def test_the_runs_are_priced_with_their_attention_kernel(planned: dict[str, list[Result]]) -> None:
+    """The MPT runs used llm-foundry's Triton FlashAttention (attn_impl: triton); with FlashAttention-2's
+    published rate instead, their long contexts read far too fast."""
+    models = {m["model"]: m for m in read_csv(MODELS_CSV)}
+    rows = [r for r in read_csv(RUNS_CSV) if r["gpu"] == "a100_80gb" and int(r["seq_len"]) >= 16384]
+    as_run = [plan_row(r, models).error for r in rows]
+    as_flash2 = [plan_row(r, models, attention_kernel="flash2").error for r in rows]
+    assert abs(statistics.median(as_run)) <= 0.15
+    assert statistics.median(as_flash2) > statistics.median(as_run) + 0.15
 
 
 def test_multi_node_runs_on_the_test_half(planned: dict[str, list[Result]]) -> None:
@@ -69,9 +91,7 @@ def test_multi_node_runs_on_the_test_half(planned: dict[str, list[Result]]) -> N
 @pytest.mark.parametrize(("bucket", "tolerance"), [
     ("<=2k", 0.15),
     ("4-8k", 0.15),
-    # measured +23%: the MPT runs used llm-foundry's Triton flash-attention kernel, whose causal
-    # rates are not published; priced with FlashAttention-2's. Held here so it cannot get worse.
-    (">=16k", 0.25),
+    (">=16k", 0.15),
 ])
 def test_context_buckets_on_the_test_half(planned: dict[str, list[Result]], bucket: str, tolerance: float) -> None:
     errors = _errors(planned["test"], lambda r: r.context == bucket)
