@@ -347,11 +347,11 @@ def fit_profile(rows: list[dict[str, str]], models: dict[str, dict[str, str]], p
     rate = next((c.tflops[0] for c in hardware.attention_curves if c.kernel is AttentionKernel.FLASH_TRITON), 100.0)
     for _ in range(sweeps):
         hardware = with_triton_rate(hardware, rate)
-        efficiency = round(_bisect(lambda v: _median_error(
-            rows, models, profile, hardware.model_copy(update={"step_efficiency": v})), 0.3, 1.0, rounds), 3)
+        efficiency = round(_bisect(lambda v, hw=hardware: _median_error(
+            rows, models, profile, hw.model_copy(update={"step_efficiency": v})), 0.3, 1.0, rounds), 3)
         hardware = hardware.model_copy(update={"step_efficiency": efficiency})
         if long_rows:
-            rate = _bisect(lambda v: _median_error(long_rows, models, profile, with_triton_rate(hardware, v)),
+            rate = _bisect(lambda v, hw=hardware: _median_error(long_rows, models, profile, with_triton_rate(hw, v)),
                            20.0, 1000.0, rounds)
     hardware = with_triton_rate(hardware, rate)
     long_error = _median_error(long_rows, models, profile, hardware) if long_rows else float("nan")
