@@ -23,9 +23,43 @@ import torch
 
 from hardware.dtypes import ComputePrecision
 from hardware.kernels import GemmShape, gemm_shape_factor, pick_curve
+from hardware.profile import HardwareProfile
 from hardware.registry import load_hardware
 from hardware.roofline import op_time
 from validate.kernel_curves import GEMM_SHAPES, SEQ_LENS, attention_curves, fit_gemm_half_dim, gemm_rates
+
+
+def kernel_sections(device: torch.device, hw: HardwareProfile, quick: bool, repeats: int) -> list[str]:
+    """Markdown lines: the GEMM law fitted here beside the profile's, then GEMM and attention rates
+    measured on ``device`` beside the profile's predictions."""
+    shapes = ((128, 128, 128), (256, 256, 256)) if quick else GEMM_SHAPES
+    measured = gemm_rates(device, torch.bfloat16, shapes, repeats)
+    rate, half = fit_gemm_half_dim(measured, hw.kernel_launch_s)
+    gemm = []
+    for (m, n, k), achieved in measured.items():
+        flops = 2.0 * m * n * k
+        model = hw.achievable_flops_per_s(ComputePrecision.BF16) * gemm_shape_factor(GemmShape(m=m, n=n, k=k),
+                                                                                      hw.gemm_half_dim)
+        predicted = flops / op_time(flops, 0.0, ComputePrecision.BF16, hw, 1, model).time_s
+        gemm.append(f"| {m}x{n}x{k} | {predicted / 1e12:.1f} | {achieved / 1e12:.1f} | {achieved / predicted - 1:+.1%} |")
+    curves = attention_curves(device, torch.bfloat16, hw.attention_kernel, "measured", (64,) if quick else (64, 128),
+                              (128,) if quick else SEQ_LENS, hidden=128 if quick else 2048,
+                              tokens=128 if quick else 16384, repeats=repeats)
+    attention = []
+    for curve in curves:
+        published = pick_curve(hw.attention_curves, curve.kernel, True, curve.head_dim, curve.direction)
+        for seq, value in zip(curve.seq_lens, curve.tflops, strict=True):
+            expected = published.flops_per_s(seq) / 1e12 if published else float("nan")
+            attention.append(f"| {curve.kernel.value} (profile) | {curve.direction.value} | {curve.head_dim} | {seq} | "
+                             f"{expected:.1f} | {value:.1f} | {value / expected - 1:+.1%} |")
+    return [
+        f"GEMM law fitted here: large-GEMM {rate / 1e12:.0f} TFLOP/s, gemm_half_dim {half:.0f} (profile "
+        f"{hw.name}: {hw.achievable_flops_per_s(ComputePrecision.BF16) / 1e12:.0f} TFLOP/s, {hw.gemm_half_dim:.0f}).",
+        "", "### GEMM (bf16 torch.mm)", "", "| M x N x K | predicted TFLOP/s | measured TFLOP/s | error |",
+        "|---|---:|---:|---:|", *gemm, "",
+        "### Attention (SDPA, causal, bf16; causal FLOPs counted as half, backward 2.5 x forward)", "",
+        "| kernel | direction | head dim | seq | predicted TFLOP/s | measured TFLOP/s | error |",
+        "|---|---|---:|---:|---:|---:|---:|", *attention, ""]
 
 
 def main() -> int:
@@ -39,41 +73,14 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_kernels: no CUDA device; use --device cpu --quick for a smoke test", file=sys.stderr)
         return 2
-    device, hw = torch.device(args.device), load_hardware(args.hardware)
-    shapes = ((128, 128, 128), (256, 256, 256)) if args.quick else GEMM_SHAPES
-    measured = gemm_rates(device, torch.bfloat16, shapes, args.repeats)
-    rate, half = fit_gemm_half_dim(measured, hw.kernel_launch_s)
-    gemm = []
-    for (m, n, k), achieved in measured.items():
-        flops = 2.0 * m * n * k
-        model = hw.achievable_flops_per_s(ComputePrecision.BF16) * gemm_shape_factor(GemmShape(m=m, n=n, k=k),
-                                                                                      hw.gemm_half_dim)
-        predicted = flops / op_time(flops, 0.0, ComputePrecision.BF16, hw, 1, model).time_s
-        gemm.append(f"| {m}x{n}x{k} | {predicted / 1e12:.1f} | {achieved / 1e12:.1f} | {achieved / predicted - 1:+.1%} |")
-    curves = attention_curves(device, torch.bfloat16, hw.attention_kernel, "measured", (64,) if args.quick else (64, 128),
-                              (128,) if args.quick else SEQ_LENS, hidden=128 if args.quick else 2048,
-                              tokens=128 if args.quick else 16384, repeats=args.repeats)
-    attention = []
-    for curve in curves:
-        published = pick_curve(hw.attention_curves, curve.kernel, True, curve.head_dim, curve.direction)
-        for seq, value in zip(curve.seq_lens, curve.tflops, strict=True):
-            expected = published.flops_per_s(seq) / 1e12 if published else float("nan")
-            attention.append(f"| {curve.kernel.value} (profile) | {curve.direction.value} | {curve.head_dim} | {seq} | "
-                             f"{expected:.1f} | {value:.1f} | {value / expected - 1:+.1%} |")
+    sections = kernel_sections(torch.device(args.device), load_hardware(args.hardware), args.quick, args.repeats)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     versions = f"torch {torch.__version__}" + (f", CUDA {torch.version.cuda}" if args.device == "cuda" else "")
     text = "\n".join([
         f"# Kernel curves measured on {name}", "",
         f"{versions}, {stamp}, `benchmarks/gpu_kernels.py --hardware {args.hardware}`; median of {args.repeats} "
-        "timed calls after warm-up. Predicted: the profile's figures (hardware/kernels.py).", "",
-        f"GEMM law fitted here: large-GEMM {rate / 1e12:.0f} TFLOP/s, gemm_half_dim {half:.0f} (profile: "
-        f"{hw.achievable_flops_per_s(ComputePrecision.BF16) / 1e12:.0f} TFLOP/s, {hw.gemm_half_dim:.0f}).", "",
-        "## GEMM (bf16 torch.mm)", "", "| M x N x K | predicted TFLOP/s | measured TFLOP/s | error |",
-        "|---|---:|---:|---:|", *gemm, "",
-        "## Attention (SDPA, causal, bf16; causal FLOPs counted as half, backward 2.5 x forward)", "",
-        "| kernel | direction | head dim | seq | predicted TFLOP/s | measured TFLOP/s | error |",
-        "|---|---|---:|---:|---:|---:|---:|", *attention, ""])
+        "timed calls after warm-up. Predicted: the profile's figures (hardware/kernels.py).", "", *sections])
     Path(args.out).write_text(text)
     print(text)
     return 0

@@ -33,6 +33,8 @@ def test_quick_cpu_run_writes_the_table(tmp_path: Path, monkeypatch: pytest.Monk
     text = out.read_text()
     assert text.count("\n| tiny") == 3
     assert "predicted peak" in text and "+0.0%" in text  # memory is exact on the CPU tracker
+    assert "predicted step (cpu profile)" in text  # the bundled profile's step time beside the measured one
+    assert "## Kernel curves on this device" in text and "| 128x128x128 |" in text  # GEMM and attention curves
 
 
 def test_refuses_cuda_without_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
