@@ -28,6 +28,7 @@ from planner.estimate import estimate
 from planner.knobs import GradSync, Knobs, parse_checkpoint_spec
 from planner.model_io import Workload, resolve
 from planner.parallel import ParallelConfig, zero_stages
+from planner.parallel_dims import ParallelDims
 from planner.params import count_params
 from planner.precision import PrecisionPolicy
 from planner.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
@@ -161,8 +162,7 @@ def plan(
             grad_accum_steps=training.global_batch_size // (micro_batch_size * gpus),
             precision=policies[0],
             checkpoint_blocks=blocks,
-            data_parallel=gpus,
-            zero_stage=zero_stage or 0,
+            parallel=ParallelDims.data_parallel_of(gpus, zero_stage or 0),
             fsdp_grad_sync=grad_sync,
         )
         return estimate_plan(model, training, hw, knobs, hbm=cap, gpus_per_node=gpus_per_node)

@@ -9,7 +9,6 @@ dense peak of the plan's matmul precision x GPUs) (PaLM, Chowdhery et al. 2022, 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,15 +19,14 @@ from hardware.roofline import Bound
 from planner.cache import IdentityCache
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
-from planner.fsdp import FSDP_PRECISIONS, FsdpLayout, fsdp_communication, fsdp_layout, fsdp_static, shard_fraction
+from planner.fsdp import FsdpLayout
 from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
-from planner.ops.base import ParamTensor
 from planner.optimizer import optimizer_spec
-from planner.parallel import Communication, ParallelConfig, ddp_communication, zero1_partition
 from planner.params import param_tensors
-from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
+from planner.precision import PrecisionSpec, precision_spec
+from planner.strategies import Fsdp2, strategy_for
 from planner.timing import (
     OpGroup,
     OpRoofline,
@@ -85,12 +83,9 @@ class Estimate(BaseModel):
 
 
 def compute_spec(knobs: Knobs) -> PrecisionSpec:
-    """The precision the step computes in: the policy's, except that FSDP2 (ZeRO-2/3) runs
-    bf16-mixed as ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: gathered bf16
-    parameters and no autocast, i.e. the bf16-true graph (its fp32 master copies are the shards)."""
-    if knobs.zero_stage >= 2 and knobs.precision is PrecisionPolicy.BF16_MIXED:
-        return precision_spec(PrecisionPolicy.BF16_TRUE)
-    return precision_spec(knobs.precision)
+    """The precision the step computes in: the policy's, unless the data-parallel strategy runs it
+    otherwise (FSDP2 runs bf16-mixed as the bf16-true graph on fp32 shards)."""
+    return strategy_for(knobs.parallel).compute_spec(knobs.precision)
 
 
 def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> PrecisionSpec:
@@ -102,19 +97,7 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
             f"data_parallel {knobs.data_parallel} = {knobs.sequences_per_step} sequences, but "
             f"training.global_batch_size is {training.global_batch_size}; choose a micro-batch that divides it"
         )
-    if knobs.zero_stage and knobs.data_parallel == 1:
-        raise ConfigError("knobs.zero_stage: sharding needs several GPUs; use zero_stage 0 with data_parallel 1")
-    if knobs.zero_stage >= 2 and knobs.precision not in FSDP_PRECISIONS:
-        runs = ", ".join(p.value for p in FSDP_PRECISIONS)
-        raise ConfigError(
-            f"knobs.precision: {knobs.precision.value} with ZeRO-{knobs.zero_stage} (FSDP2) is not modelled (FSDP2 "
-            f"needs a sharded grad scaler for fp16 and Float8 training for fp8); use {runs}, or ZeRO-0/1"
-        )
-    if knobs.zero_stage >= 2 and knobs.checkpoint_segments:
-        raise ConfigError(
-            "knobs.checkpoint_segments: segments of several blocks under FSDP2 re-gather every block of a segment "
-            "during its recompute, which is not modelled; checkpoint blocks one by one (checkpoint_blocks)"
-        )
+    strategy_for(knobs.parallel).check(knobs)
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
     if outside:
         raise ConfigError(
@@ -175,12 +158,7 @@ def rank_timing(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, k
 def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
     """The share of the parameters this rank's optimizer updates (ZeRO-1: its largest partition;
     FSDP2: its padded shards)."""
-    if knobs.data_parallel == 1 or knobs.zero_stage == 0:
-        return 1.0
-    if knobs.zero_stage >= 2:
-        return shard_fraction(layout_for(graph, knobs, hw), graph.n_params)
-    partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
-    return max(sum(p.numel for p in part) for part in partitions) / graph.n_params
+    return strategy_for(knobs.parallel).optimizer_shard_fraction(graph, knobs, hw)
 
 
 def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
@@ -188,7 +166,8 @@ def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpu
     """The step time with the collectives compute does not hide (nothing to add on one GPU).
     Compute that collectives overlap runs ``overlap_compute_slowdown`` slower (the profile's
     published measurement), which also widens the windows that hide them."""
-    if knobs.data_parallel == 1:
+    strategy = strategy_for(knobs.parallel)
+    if not strategy.communicates:
         return time
     slow = 1.0 + hw.overlap_compute_slowdown
     if slow != 1.0:
@@ -196,47 +175,23 @@ def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpu
         time = time.model_copy(update={"forward_s": time.forward_s * slow, "backward_s": time.backward_s * slow,
                                        "recompute_s": time.recompute_s * slow,
                                        "step_time_s": time.step_time_s + extra})
-    if knobs.zero_stage >= 2:
-        parallel = ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node)
-        n = knobs.grad_accum_steps
-        comm = fsdp_communication(layout_for(graph, knobs, hw), hw, parallel, n, time.forward_s / n,
-                                  (time.backward_s + time.recompute_s) / n)
-        return time.model_copy(update={"communication_s": comm.exposed_s,
-                                       "step_time_s": time.step_time_s + comm.exposed_s})
-    comm = data_parallel_communication(graph, hw, knobs, gpus_per_node, time)
+    comm = strategy.communication(graph, hw, knobs, gpus_per_node, time)
+    if comm is None:
+        return time
     return time.model_copy(update={"communication_s": comm.exposed_s, "step_time_s": time.step_time_s + comm.exposed_s})
 
 
-def data_parallel_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
-                                time: TimeBreakdown) -> Communication:
-    """Collectives of one step over ``knobs.data_parallel`` ranks and what compute hides of them."""
-    grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.param_tensors.values()]
-    param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
-    window = (time.backward_s + time.recompute_s) / knobs.grad_accum_steps  # the last micro-batch's backward
-    return ddp_communication(grad_bytes, param_bytes, knobs.zero_stage, hw,
-                             ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node), window)
-
-
-_LAYOUTS: IdentityCache[FsdpLayout] = IdentityCache()
-
-
 def layout_for(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> FsdpLayout:
-    """FSDP2 units of ``graph`` (built by ``check_knobs``' compute precision) for ZeRO-2/3 knobs;
-    shards keep the policy's parameter dtype (fp32 for bf16-mixed)."""
-    stored = precision_spec(knobs.precision).param_dtype
-    return _LAYOUTS.get((graph, hw), (knobs.data_parallel, knobs.zero_stage, stored, knobs.fsdp_grad_sync),
-                        lambda: fsdp_layout(graph, knobs.data_parallel, knobs.zero_stage, stored, hw.round_alloc,
-                                            knobs.fsdp_grad_sync))
+    """FSDP2 units of ``graph`` for ZeRO-2/3 knobs (``Fsdp2.layout``)."""
+    strategy = strategy_for(knobs.parallel)
+    if not isinstance(strategy, Fsdp2):
+        raise ValueError(f"layout_for: {strategy.label} has no FSDP2 layout")
+    return strategy.layout(graph, knobs, hw)
 
 
 def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs) -> StaticMemory:
-    """Parameters, optimizer state, data batch and step temporaries of one rank.
-
-    Several GPUs (``planner.parallel``): DDP's gradient buckets hold every gradient for the whole
-    step (``gradient_as_bucket_view=True``); with ZeRO-1 a rank keeps the optimizer state (and
-    step temporaries) of its own partition only, the largest partition deciding the peak. ZeRO-2/3
-    (FSDP2, ``planner.fsdp``): rank 0's padded shards and their optimizer state; the walk adds the
-    gathered parameters, gradients and collective buffers."""
+    """Parameters, optimizer state, data batch and step temporaries of one rank: the whole model's
+    (``static_memory``) as the data-parallel strategy holds it (``planner.strategies``)."""
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
     static = static_memory(
         graph,
@@ -246,19 +201,7 @@ def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, kn
         opt.device_step_scalar,
         data_sequences=knobs.micro_batch_size * knobs.grad_accum_steps,
     )
-    if knobs.data_parallel == 1:
-        return static
-    if knobs.zero_stage >= 2:
-        return fsdp_static(layout_for(graph, knobs, hw), opt.state_tensors_per_param, opt.step_temporaries_per_param,
-                           opt.device_step_scalar, static.data_bytes, hw.round_alloc)
-    if knobs.zero_stage == 1:
-        bytes_per = graph.precision.param_dtype.n_bytes
-        partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
-        one = max(sum(hw.round_alloc(p.numel * bytes_per) for p in part) for part in partitions)
-        scalars = hw.round_alloc(4) * max(len(part) for part in partitions) if opt.device_step_scalar else 0
-        static = replace(static, optimizer_bytes=opt.state_tensors_per_param * one + scalars,
-                         optimizer_step_temp_bytes=opt.step_temporaries_per_param * one)
-    return replace(static, grads_resident=True)
+    return strategy_for(knobs.parallel).static(graph, hw, knobs, opt, static)
 
 
 def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> int:
@@ -271,22 +214,11 @@ def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
     """
     spec = precision_spec(knobs.precision)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    sizes = param_tensors(model)
-    params = sum(hw.round_alloc(n * spec.param_dtype.n_bytes) for n in sizes.values())
-    state = params
-    if knobs.data_parallel > 1 and knobs.zero_stage == 1:
-        partitions = zero1_partition([ParamTensor(name=k, numel=n) for k, n in sizes.items()], knobs.data_parallel)
-        state = max(sum(hw.round_alloc(p.numel * spec.param_dtype.n_bytes) for p in part) for part in partitions)
-    if knobs.data_parallel > 1 and knobs.zero_stage >= 2:  # FSDP2: rank 0 holds at least 1/N of each
-        shards = sum(n * spec.param_dtype.n_bytes // knobs.data_parallel for n in sizes.values())
-        params = state = shards
-    resident = knobs.grad_accum_steps > 1 or (knobs.data_parallel > 1 and knobs.zero_stage < 2)
-    grads = sum(hw.round_alloc(n * spec.grad_dtype.n_bytes) for n in sizes.values()) if resident else 0
-    if knobs.data_parallel > 1 and knobs.zero_stage >= 2 and knobs.grad_accum_steps > 1:
-        grads = shards
+    model_state = strategy_for(knobs.parallel).model_state_lower_bound(param_tensors(model), spec, knobs, hw,
+                                                                      opt.state_tensors_per_param)
     data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
     logits = 2 * hw.round_alloc(knobs.micro_batch_size * training.seq_len * model.vocab_size * 4)
-    return params + state * opt.state_tensors_per_param + grads + data + logits
+    return model_state + data + logits
 
 
 def device_bytes(peak_allocated_bytes: int, hw: HardwareProfile) -> int:

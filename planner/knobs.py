@@ -5,8 +5,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, computed_field, field_validator, model_validator
 
+from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy
 
 
@@ -33,11 +34,29 @@ class Knobs(BaseModel):
     precision: PrecisionPolicy = PrecisionPolicy.BF16_MIXED
     checkpoint_blocks: tuple[int, ...] = Field(default=(), description="blocks checkpointed one by one")
     checkpoint_segments: tuple[tuple[int, int], ...] = Field(default=(), description="(first, last) segments")
-    data_parallel: PositiveInt = 1
-    zero_stage: int = Field(default=0, ge=0, le=3)
+    parallel: ParallelDims = Field(default_factory=ParallelDims, description="degrees of the parallel dimensions")
     fsdp_grad_sync: GradSync = Field(
         default=GradSync.EVERY, description="ZeRO-2/3: reduce-scatter after every micro-batch or only the last"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_parallel_shorthand(cls, data: Any) -> Any:
+        """``data_parallel=N, zero_stage=S`` (and plan files written before ``parallel``) name a
+        data-parallel layout: N ranks at ZeRO stage S."""
+        if not isinstance(data, dict) or not ({"data_parallel", "zero_stage"} & data.keys()):
+            return data
+        data = dict(data)
+        gpus, stage = data.pop("data_parallel", 1), data.pop("zero_stage", 0)
+        if not isinstance(gpus, int) or gpus < 1:
+            raise ValueError(f"knobs.data_parallel: {gpus!r} must be a positive integer")
+        implied = ParallelDims.data_parallel_of(gpus, stage)
+        if "parallel" not in data:
+            data["parallel"] = implied
+        elif ParallelDims.model_validate(data["parallel"]) != implied:  # a plan file carries both (summary fields)
+            raise ValueError(f"knobs: data_parallel {gpus} / zero_stage {stage} disagree with parallel "
+                             f"{data['parallel']}; give one of them")
+        return data
 
     @field_validator("checkpoint_blocks", mode="before")
     @classmethod
@@ -58,7 +77,7 @@ class Knobs(BaseModel):
             covered |= span
         if any(b < 0 for b in self.checkpoint_blocks):
             raise ValueError("checkpoint_blocks must be non-negative block indices")
-        if self.fsdp_grad_sync is GradSync.LAST and self.zero_stage < 2:
+        if self.fsdp_grad_sync is GradSync.LAST and not self.parallel.shards_parameters:
             raise ValueError("fsdp_grad_sync 'last' applies to ZeRO-2/3 (FSDP2); DDP and ZeRO-1 already reduce "
                              "gradients once per step")
         return self
@@ -70,6 +89,18 @@ class Knobs(BaseModel):
         for first, last in self.checkpoint_segments:
             blocks.update(range(first, last + 1))
         return frozenset(blocks)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each run their own micro-batches."""
+        return self.parallel.data_parallel
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage of the data-parallel layout (0 on one GPU and under DDP)."""
+        return self.parallel.zero_stage
 
     @property
     def sequences_per_step(self) -> int:

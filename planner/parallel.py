@@ -129,7 +129,7 @@ class Communication(BaseModel):
     bytes_moved: float  # bytes each rank sends over its link
 
 
-def ddp_communication(grad_bytes: Sequence[int], param_bytes: int, zero_stage: int, hw: HardwareProfile,
+def ddp_communication(grad_bytes: Sequence[int], param_bytes: int, broadcast_partitions: bool, hw: HardwareProfile,
                       parallel: ParallelConfig, backward_window_s: float) -> Communication:
     """DDP all-reduces the gradients once per step, bucket by bucket while the last micro-batch's
     backward runs (``no_sync`` on the others); only what outlasts that backward, and at least the
@@ -141,7 +141,7 @@ def ddp_communication(grad_bytes: Sequence[int], param_bytes: int, zero_stage: i
     exposed = max(all_reduce - backward_window_s, all_reduce / buckets)
     moved = 2.0 * (parallel.world_size - 1) / parallel.world_size * total_grad
     total = all_reduce
-    if zero_stage == 1:
+    if broadcast_partitions:  # ZeRO-1
         broadcast = ring_time_s(param_bytes, Collective.ALL_GATHER, hw, parallel, parallel.world_size)
         total += broadcast
         exposed += broadcast

@@ -29,9 +29,11 @@ from planner.estimate import (
 )
 from planner.knobs import GradSync, Knobs
 from planner.memory import Timeline, checkpoint_units, recomputed_ops, simulate_step
+from planner.parallel_dims import ParallelDims
 from planner.placement import NotDecomposableError, placement_profile
 from planner.precision import PrecisionPolicy
 from planner.results import ParetoPoint
+from planner.strategies import strategy_for
 
 BRUTE_FORCE_MAX_BLOCKS = 12
 
@@ -109,13 +111,13 @@ def evaluate(
     """The fastest plan at this point that fits ``cap_bytes`` (or the smallest one if none fits).
 
     With ``prune``, a point whose lower bound already exceeds the cap is not walked at all."""
+    layout = ParallelDims.data_parallel_of(data_parallel, zero_stage)
     base = Knobs(
         micro_batch_size=micro_batch_size,
         grad_accum_steps=training.global_batch_size // (micro_batch_size * data_parallel),
         precision=precision,
-        data_parallel=data_parallel,
-        zero_stage=zero_stage,
-        fsdp_grad_sync=fsdp_grad_sync if zero_stage >= 2 else GradSync.EVERY,
+        parallel=layout,
+        fsdp_grad_sync=fsdp_grad_sync if layout.shards_parameters else GradSync.EVERY,
     )
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
@@ -157,7 +159,7 @@ def evaluate(
     # one block input; skip them when even that cannot reach the cap
     block_input = hw.round_alloc(graph.node("blocks.0.attn_norm").cost.output.n_bytes)
     best_case = device_bytes(all_peak - (model.n_layers - 1) * block_input, hw)
-    if not fitting and allow_segments and zero_stage < 2 and best_case <= cap_bytes:  # FSDP2: blocks only
+    if not fitting and allow_segments and strategy_for(layout).allows_segments and best_case <= cap_bytes:
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})
             est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
@@ -193,7 +195,7 @@ def least_memory_at(
                              base.grad_accum_steps, record_trace=True)
     peak, placement = min(_per_block_curve(model, training, hw, base, all_walk), key=lambda c: c[0])
     options = [(peak, base.model_copy(update={"checkpoint_blocks": tuple(i for i, s in enumerate(placement) if s)}))]
-    if allow_segments and base.zero_stage < 2:  # FSDP2: blocks only, as the search
+    if allow_segments and strategy_for(base.parallel).allows_segments:  # as the search
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})
             options.append((estimate(model, training, hw, knobs, None, gpus_per_node).memory.peak_allocated_bytes, knobs))

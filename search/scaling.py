@@ -12,6 +12,7 @@ from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
 from planner.knobs import GradSync, Knobs
 from planner.parallel import MODELLED_STAGES
+from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy
 from search.smallest import first_fitting
 from search.space import build_space, divisors
@@ -35,12 +36,13 @@ def fewest_gpus(
         if gpus <= start:
             continue
         for stage in MODELLED_STAGES:
-            if fsdp_grad_sync is GradSync.LAST and stage < 2:
+            fsdp = ParallelDims.data_parallel_of(gpus, stage).shards_parameters
+            if fsdp_grad_sync is GradSync.LAST and not fsdp:  # the mode exists only under FSDP2
                 continue
             try:
                 space = build_space(model, training, hw, precisions, allow_segments=allow_segments, gpus=gpus,
                                     gpus_per_node=gpus_per_node, zero_stage=stage,
-                                    fsdp_grad_sync=fsdp_grad_sync if stage >= 2 else GradSync.EVERY)
+                                    fsdp_grad_sync=fsdp_grad_sync if fsdp else GradSync.EVERY)
             except ConfigError:  # no policy of the request runs at this stage
                 continue
             found = first_fitting(model, training, hw, space, cap_bytes)

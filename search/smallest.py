@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
 from planner.estimate import device_bytes, estimate, peak_lower_bound
-from planner.knobs import GradSync, Knobs
-from planner.precision import PrecisionPolicy
+from planner.knobs import Knobs
 from search.candidates import least_memory_at
 from search.space import SearchSpace
 
@@ -37,17 +36,6 @@ class Smallest:
     device_bytes: int
     n_points: int  # (micro-batch, precision, stage) points in the space
     n_priced: int  # points walked in full; the others were pruned by their lower bound
-
-
-def _base(training: TrainConfig, space: SearchSpace, mb: int, precision: PrecisionPolicy, stage: int) -> Knobs:
-    return Knobs(
-        micro_batch_size=mb,
-        grad_accum_steps=training.global_batch_size // (mb * space.data_parallel),
-        precision=precision,
-        data_parallel=space.data_parallel,
-        zero_stage=stage,
-        fsdp_grad_sync=space.fsdp_grad_sync if stage >= 2 else GradSync.EVERY,
-    )
 
 
 def first_fitting(
@@ -72,7 +60,7 @@ def first_fitting(
 
 
 def _points(training: TrainConfig, space: SearchSpace) -> list[Knobs]:
-    return [_base(training, space, mb, p, z) for mb in space.micro_batch_sizes for p in space.precisions
+    return [space.knobs_at(training, mb, p, z) for mb in space.micro_batch_sizes for p in space.precisions
             for z in space.zero_stages if space.allows(p, z)]
 
 

@@ -7,10 +7,11 @@ from pydantic import BaseModel, ConfigDict
 from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
-from planner.fsdp import FSDP_PRECISIONS
-from planner.knobs import GradSync
+from planner.knobs import GradSync, Knobs
 from planner.parallel import MODELLED_STAGES, zero_stages
+from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy, precision_spec
+from planner.strategies import SingleDevice, strategy_for
 
 # The default policy (README "Search"): by default only a policy that trains like the fp32
 # baseline (fp32 master weights and optimizer state, low-precision matmuls under autocast), so
@@ -38,9 +39,28 @@ class SearchSpace(BaseModel):
     def size(self) -> int:
         return len(self.micro_batch_sizes) * len(self.precisions) * len(self.zero_stages)
 
+    def layout(self, zero_stage: int) -> ParallelDims:
+        """The data-parallel layout of this space's GPUs at a ZeRO stage."""
+        return ParallelDims.data_parallel_of(self.data_parallel, zero_stage)
+
+    def strategy(self, zero_stage: int) -> SingleDevice:
+        return strategy_for(self.layout(zero_stage))
+
     def allows(self, precision: PrecisionPolicy | str, zero_stage: int) -> bool:
         """Whether this precision can run at this ZeRO stage (FSDP2 runs fewer policies)."""
-        return zero_stage < 2 or PrecisionPolicy(precision) in FSDP_PRECISIONS
+        return self.strategy(zero_stage).runs(PrecisionPolicy(precision))
+
+    def knobs_at(self, training: TrainConfig, micro_batch_size: int, precision: PrecisionPolicy | str,
+                 zero_stage: int) -> Knobs:
+        """The knobs of one point, checkpointing nothing; accumulation fills each GPU's share."""
+        layout = self.layout(zero_stage)
+        return Knobs(
+            micro_batch_size=micro_batch_size,
+            grad_accum_steps=training.global_batch_size // (micro_batch_size * self.data_parallel),
+            precision=PrecisionPolicy(precision),
+            parallel=layout,
+            fsdp_grad_sync=self.fsdp_grad_sync if layout.shards_parameters else GradSync.EVERY,
+        )
 
     def known_good(self) -> list[tuple[int, PrecisionPolicy, int]]:
         """Enqueued first: the smallest micro-batch in every precision, with the most sharding
@@ -100,16 +120,15 @@ def build_space(
                     f"(it runs {runs})"
                 )
         chosen = tuple(dict.fromkeys(precisions))
-    if min(stages) >= 2:  # FSDP2 only: drop the policies it cannot run
-        runnable = tuple(p for p in chosen if p in FSDP_PRECISIONS)
-        if not runnable:
-            allowed = ", ".join(p.value for p in FSDP_PRECISIONS)
-            raise ConfigError(f"--precision: {', '.join(p.value for p in chosen)} cannot run under --zero-stage "
-                              f"{stages[0]} (FSDP2) as modelled; use {allowed}, or --zero-stage 0/1")
-        chosen = runnable
-    return SearchSpace(micro_batch_sizes=sizes, precisions=chosen, zero_stages=stages, data_parallel=gpus,
-                       gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks, allow_segments=allow_segments,
-                       fsdp_grad_sync=fsdp_grad_sync)
+    space = SearchSpace(micro_batch_sizes=sizes, precisions=chosen, zero_stages=stages, data_parallel=gpus,
+                        gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks, allow_segments=allow_segments,
+                        fsdp_grad_sync=fsdp_grad_sync)
+    runnable = tuple(p for p in chosen if any(space.allows(p, z) for z in stages))  # FSDP2 runs fewer policies
+    if not runnable:
+        allowed = ", ".join(p.value for p in PrecisionPolicy if any(space.allows(p, z) for z in stages))
+        raise ConfigError(f"--precision: {', '.join(p.value for p in chosen)} cannot run under --zero-stage "
+                          f"{stages[0]} (FSDP2) as modelled; use {allowed}, or --zero-stage 0/1")
+    return space.model_copy(update={"precisions": runnable})
 
 
 __all__ = ["MODELLED_STAGES", "SearchSpace", "build_space", "divisors"]

@@ -29,6 +29,7 @@ import torch
 
 from planner.config import OptimizerImpl, OptimizerKind, TrainConfig
 from planner.knobs import GradSync, Knobs
+from planner.parallel_dims import Sharding
 from planner.precision import PrecisionSpec
 from validate.reference_model import Transformer
 
@@ -54,10 +55,11 @@ def _optimizer_args(training: TrainConfig) -> tuple[type[torch.optim.Optimizer],
     return torch.optim.SGD, {"lr": 1e-3, "momentum": momentum, "weight_decay": 0.0, **impl}
 
 
-def make_optimizer(model: torch.nn.Module, training: TrainConfig, zero_stage: int = 0) -> torch.optim.Optimizer:
-    """The planned optimizer; with ZeRO-1, a ZeroRedundancyOptimizer around it."""
+def make_optimizer(model: torch.nn.Module, training: TrainConfig,
+                   sharding: Sharding | None = None) -> torch.optim.Optimizer:
+    """The planned optimizer; with ZeRO-1 (``Sharding.OPTIMIZER``), a ZeroRedundancyOptimizer around it."""
     cls, kwargs = _optimizer_args(training)
-    if zero_stage == 1:
+    if sharding is Sharding.OPTIMIZER:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=cls, **kwargs)
@@ -74,12 +76,12 @@ def wrap_data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn
 
 def shard_model(model: Transformer, knobs: Knobs, spec: PrecisionSpec, mesh: Any) -> Transformer:
     """ZeRO-2/3 as FSDP2: ``fully_shard`` every block, then the model (the root: embedding, final
-    norm, head), each with ``reshard_after_forward`` = (stage == 3). A mixed policy becomes a
+    norm, head), each with ``reshard_after_forward`` for ``Sharding.FULL`` (ZeRO-3). A mixed policy becomes a
     ``MixedPrecisionPolicy(param_dtype=<autocast dtype>, reduce_dtype=fp32)``: the forward then
     runs on gathered low-precision parameters without autocast (``step_spec``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    reshard = knobs.zero_stage == 3
+    reshard = knobs.parallel.sharding is Sharding.FULL
     kwargs: dict[str, Any] = {}
     if spec.autocast_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[spec.autocast_dtype.value],

@@ -34,6 +34,7 @@ from hardware.errors import ConfigError, PlannerError
 from hardware.profile import HardwareProfile
 from planner.estimate import cached_graph, compute_spec, estimate
 from planner.parallel import zero1_partition
+from planner.parallel_dims import Sharding
 from planner.precision import precision_spec
 from planner.results import PlanResult
 from validate.apply import (
@@ -125,7 +126,7 @@ def simulate_rank(plan: PlanResult, progress: Progress | None = None) -> Validat
     say(f"simulating rank 0 of {knobs.data_parallel} under fake tensors")
     predicted = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None,
                                                                   "model_flops_per_step": None})
-    if knobs.zero_stage >= 2:
+    if knobs.parallel.shards_parameters:
         measured = Figures(peak_allocated_bytes=_simulate_fsdp(plan))
         notes: tuple[str, ...] = (f"simulate: rank 0 of {knobs.data_parallel} running FSDP2 on a fake process group under fake "
                  "tensors (collectives are no-ops on the real buffers); no communication time",)
@@ -139,7 +140,7 @@ def simulate_rank(plan: PlanResult, progress: Progress | None = None) -> Validat
         net = configure_model(build_model(model, param_dtype(spec)), knobs)
         as_on_a_gpu(net)
         named = dict(net.named_parameters())
-        if knobs.zero_stage == 1:
+        if knobs.parallel.sharding is Sharding.OPTIMIZER:
             partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
             mine = max(partitions, key=lambda part: sum(p.numel for p in part))
             cls, kwargs = _optimizer_args(training)
@@ -213,14 +214,14 @@ def _rank_report(plan: PlanResult, dev: torch.device, steps: int, profile: Hardw
     torch.manual_seed(1234 + rank)
     with torch.device(dev):
         net = configure_model(build_model(model, param_dtype(spec)), knobs)
-    if knobs.zero_stage >= 2:
+    if knobs.parallel.shards_parameters:
         from torch.distributed.device_mesh import init_device_mesh
 
         wrapped: torch.nn.Module = shard_model(net, knobs, spec, init_device_mesh(dev.type, (world,)))
         optimizer = make_optimizer(wrapped, training)
     else:
         wrapped = wrap_data_parallel(net, dev)
-        optimizer = make_optimizer(wrapped, training, knobs.zero_stage)
+        optimizer = make_optimizer(wrapped, training, knobs.parallel.sharding)
     step_spec = compute_spec(knobs)
     rows = knobs.micro_batch_size * knobs.grad_accum_steps
     ids = torch.randint(0, model.vocab_size, (rows, training.seq_len), device=dev)

@@ -99,6 +99,6 @@ def attention_curves(device: torch.device, dtype: torch.dtype, kernel: Attention
             bwd.append(2.5 * flops / timed_s(backward, device, repeats) / 1e12)
         for direction, values in ((Direction.FWD, fwd), (Direction.BWD, bwd)):
             curves.append(AttentionCurve(kernel=kernel, direction=direction, causal=True, head_dim=head_dim,
-                                         seq_lens=tuple(seq_lens), tflops=tuple(round(x, 2) for x in values),
+                                         seq_lens=tuple(seq_lens), tflops=tuple(float(f"{x:.4g}") for x in values),
                                          source=source))
     return curves

@@ -11,10 +11,12 @@ from hardware.registry import load_hardware
 from planner import api
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.estimate import cached_graph, compute_spec, data_parallel_communication, estimate, layout_for, static_for
+from planner.estimate import cached_graph, compute_spec, estimate, layout_for, static_for
 from planner.fsdp import fsdp_communication
 from planner.knobs import Knobs
 from planner.parallel import ParallelConfig, model_state_bytes
+from planner.parallel_dims import ParallelDims
+from planner.strategies import strategy_for
 
 HW = load_hardware("h100-sxm")
 # the probe model of docs/distributed_memory.md (Llama-shaped, 4 blocks)
@@ -79,9 +81,10 @@ def test_communication_volume_is_the_zero_papers() -> None:
     graph, knobs, layout2 = _layout(PROBE, "fp32", 8, stage=2)
     _, _, layout3 = _layout(PROBE, "fp32", 8, stage=3)
     parallel = ParallelConfig(world_size=8)
-    ddp = data_parallel_communication(graph, HW, knobs.model_copy(update={"zero_stage": 0}), 8,
-                                      estimate(PROBE, TrainConfig(seq_len=256, global_batch_size=32), HW,
-                                               knobs.model_copy(update={"zero_stage": 0})).time)
+    ddp_knobs = knobs.model_copy(update={"parallel": ParallelDims.data_parallel_of(8, 0)})
+    ddp = strategy_for(ddp_knobs.parallel).communication(
+        graph, HW, ddp_knobs, 8, estimate(PROBE, TrainConfig(seq_len=256, global_batch_size=32), HW, ddp_knobs).time)
+    assert ddp is not None
     stage2 = fsdp_communication(layout2, HW, parallel, 1, 1.0, 2.0)
     stage3 = fsdp_communication(layout3, HW, parallel, 1, 1.0, 2.0)
     assert stage2.bytes_moved == pytest.approx(ddp.bytes_moved, rel=0.002)  # padding and 512-byte rounding

@@ -1,0 +1,100 @@
+"""``ParallelDims``: how a training job's GPUs divide the work, one degree per dimension.
+
+In the spirit of torchtitan's ``ParallelDims`` (torchtitan/distributed/parallel_dims.py): the
+world is a device mesh whose dimensions are data-parallel replicate (DDP), data-parallel shard
+(ZeRO / FSDP), tensor (tp), context (cp), pipeline (pp) and expert (ep) parallelism; the product
+of the degrees is the world size. ``sharding`` says what the shard dimension splits:
+
+| sharding | PyTorch | ZeRO stage |
+|---|---|---|
+| (dp_shard = 1) | DDP over ``dp_replicate`` ranks | 0 |
+| ``optimizer`` | DDP + ``ZeroRedundancyOptimizer`` | 1 |
+| ``gradients`` | FSDP2 ``fully_shard(reshard_after_forward=False)`` | 2 |
+| ``full`` | FSDP2 ``fully_shard(reshard_after_forward=True)`` | 3 |
+
+Modelled today: one data-parallel dimension (replicate or shard, not both: HSDP is not
+modelled) with tp = cp = pp = ep = 1. Other layouts are refused by name, never priced wrongly.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+
+class Sharding(StrEnum):
+    """What the data-parallel shard dimension splits across its ranks."""
+
+    OPTIMIZER = "optimizer"  # ZeRO-1: optimizer state (torch ZeroRedundancyOptimizer)
+    GRADIENTS = "gradients"  # ZeRO-2: FSDP2, parameters kept gathered from a unit's forward to its backward
+    FULL = "full"  # ZeRO-3: FSDP2, parameters re-gathered for the backward
+
+
+ZERO_STAGE_OF = {None: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}
+SHARDING_OF_STAGE = {stage: sharding for sharding, stage in ZERO_STAGE_OF.items()}
+NOT_MODELLED = ("tp", "cp", "pp", "ep")
+
+
+class ParallelDims(BaseModel):
+    """Degrees of each parallel dimension; their product is the world size."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dp_replicate: PositiveInt = Field(default=1, description="data-parallel replicas (DDP)")
+    dp_shard: PositiveInt = Field(default=1, description="data-parallel ranks that shard model state (ZeRO/FSDP)")
+    sharding: Sharding | None = Field(default=None, description="what dp_shard splits; None when dp_shard is 1")
+    tp: PositiveInt = Field(default=1, description="tensor parallel degree (not modelled yet)")
+    cp: PositiveInt = Field(default=1, description="context parallel degree (not modelled yet)")
+    pp: PositiveInt = Field(default=1, description="pipeline parallel degree (not modelled yet)")
+    ep: PositiveInt = Field(default=1, description="expert parallel degree (not modelled yet)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_sharding(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("dp_shard", 1) > 1 and data.get("sharding") is None:
+            return {**data, "sharding": Sharding.FULL}
+        return data
+
+    @model_validator(mode="after")
+    def _modelled(self) -> ParallelDims:
+        if self.dp_shard == 1 and self.sharding is not None:
+            raise ValueError(f"parallel.sharding: {self.sharding.value} needs dp_shard > 1")
+        if self.dp_replicate > 1 and self.dp_shard > 1:
+            raise ValueError(f"parallel: dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} (HSDP) is not "
+                             "modelled; use one data-parallel dimension")
+        for name in NOT_MODELLED:
+            if getattr(self, name) > 1:
+                raise ValueError(f"parallel.{name}: {getattr(self, name)} is not modelled yet; use {name} = 1")
+        return self
+
+    @classmethod
+    def data_parallel_of(cls, world_size: int, zero_stage: int) -> ParallelDims:
+        """``world_size`` data-parallel ranks at a ZeRO stage (0: DDP; 1: ZeRO-1; 2/3: FSDP2)."""
+        if zero_stage not in SHARDING_OF_STAGE:
+            raise ValueError(f"zero_stage: {zero_stage} is not a ZeRO stage; use 0, 1, 2 or 3")
+        if world_size == 1 or zero_stage == 0:
+            if zero_stage:
+                raise ValueError("zero_stage: sharding needs several GPUs; use zero_stage 0 with one GPU")
+            return cls(dp_replicate=world_size)
+        return cls(dp_shard=world_size, sharding=SHARDING_OF_STAGE[zero_stage])
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.pp * self.ep
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each run their own micro-batches (replicas times shards)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def shards_parameters(self) -> bool:
+        """FSDP2 (ZeRO-2/3): parameters and gradients are sharded, gathered per unit."""
+        return self.sharding in (Sharding.GRADIENTS, Sharding.FULL)
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage this layout is (for display and the plan file's summary)."""
+        return ZERO_STAGE_OF[self.sharding]

@@ -1,0 +1,70 @@
+"""A data-parallel strategy owns everything that depends on how ranks share the work: the
+checks it needs, the precision the step computes in, each rank's static memory and the buffers
+its hooks add to the walk, the share of the optimizer step a rank runs, its collectives and the
+memory every placement reaches. The planner asks the strategy of a layout
+(``planner.strategies.strategy_for``) and never branches on a ZeRO stage itself.
+
+``SingleDevice`` is the base: one GPU, nothing shared, no communication.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hardware.profile import HardwareProfile
+from planner.errors import ConfigError
+from planner.graph import LayerGraph
+from planner.knobs import Knobs
+from planner.memory_types import StaticMemory
+from planner.optimizer import OptimizerSpec
+from planner.parallel import Communication
+from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
+from planner.timing import TimeBreakdown
+
+
+class SingleDevice:
+    """One GPU: the whole model, its gradients and optimizer state on the device."""
+
+    label = "one GPU"
+    allows_segments = True  # multi-block checkpoint segments
+    communicates = False  # runs collectives every step
+
+    def check(self, knobs: Knobs) -> None:
+        """Raise ``ConfigError`` for knobs this strategy cannot run (naming the field)."""
+
+    def runs(self, precision: PrecisionPolicy) -> bool:
+        """Whether this strategy is modelled with ``precision``."""
+        return True
+
+    def compute_spec(self, precision: PrecisionPolicy) -> PrecisionSpec:
+        """The precision the step computes in (what the graph is built with)."""
+        return precision_spec(precision)
+
+    def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
+               base: StaticMemory) -> StaticMemory:
+        """This rank's static memory, from ``base`` (the whole model on one device)."""
+        return base
+
+    def optimizer_shard_fraction(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
+        """The share of the parameters this rank's optimizer updates."""
+        return 1.0
+
+    def communication(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
+                      time: TimeBreakdown) -> Communication | None:
+        """This rank's collectives of one step and what compute hides of them (None: none)."""
+        return None
+
+    def model_state_lower_bound(self, sizes: Mapping[str, int], spec: PrecisionSpec, knobs: Knobs,
+                                hw: HardwareProfile, state_tensors_per_param: int) -> int:
+        """Parameters, optimizer state and (where some exist at the loss of the last micro-batch)
+        gradients that every checkpoint placement holds, without building the graph."""
+        params = sum(hw.round_alloc(n * spec.param_dtype.n_bytes) for n in sizes.values())
+        grads = sum(hw.round_alloc(n * spec.grad_dtype.n_bytes) for n in sizes.values())
+        return params * (1 + state_tensors_per_param) + (grads if self._grads_at_loss(knobs) else 0)
+
+    def _grads_at_loss(self, knobs: Knobs) -> bool:
+        return knobs.grad_accum_steps > 1
+
+
+def refuse(field: str, message: str) -> None:
+    raise ConfigError(f"knobs.{field}: {message}")

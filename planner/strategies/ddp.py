@@ -1,0 +1,75 @@
+"""DDP and ZeRO-1 (DDP + ``ZeroRedundancyOptimizer``), as PyTorch runs them (planner.parallel).
+
+DDP (``gradient_as_bucket_view=True``): every gradient lives in DDP's buckets for the whole
+step; gradients are all-reduced once per step, bucket by bucket during the last micro-batch's
+backward (``no_sync`` on the others). ZeRO-1 keeps the optimizer state (and step temporaries)
+of the rank's own partition (torch's greedy partition, the largest deciding the peak) and
+broadcasts every rank's updated partition after the step, fully exposed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from hardware.profile import HardwareProfile
+from planner.graph import LayerGraph
+from planner.knobs import Knobs
+from planner.memory_types import StaticMemory
+from planner.ops.base import ParamTensor
+from planner.optimizer import OptimizerSpec
+from planner.parallel import Communication, ParallelConfig, ddp_communication, zero1_partition
+from planner.precision import PrecisionSpec
+from planner.strategies.base import SingleDevice
+from planner.timing import TimeBreakdown
+
+
+class Ddp(SingleDevice):
+    """DDP over the data-parallel ranks: replicated model, all-reduced gradients."""
+
+    label = "DDP"
+    communicates = True
+    shards_optimizer = False
+
+    def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
+               base: StaticMemory) -> StaticMemory:
+        return replace(base, grads_resident=True)
+
+    def communication(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
+                      time: TimeBreakdown) -> Communication | None:
+        grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.param_tensors.values()]
+        param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
+        window = (time.backward_s + time.recompute_s) / knobs.grad_accum_steps  # the last micro-batch's backward
+        return ddp_communication(grad_bytes, param_bytes, self.shards_optimizer, hw,
+                                 ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node), window)
+
+    def _grads_at_loss(self, knobs: Knobs) -> bool:
+        return True  # DDP's buckets exist for the whole step
+
+
+class ZeroOne(Ddp):
+    """ZeRO-1: DDP with the optimizer state partitioned over the ranks."""
+
+    label = "ZeRO-1"
+    shards_optimizer = True
+
+    def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
+               base: StaticMemory) -> StaticMemory:
+        bytes_per = graph.precision.param_dtype.n_bytes
+        partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
+        one = max(sum(hw.round_alloc(p.numel * bytes_per) for p in part) for part in partitions)
+        scalars = hw.round_alloc(4) * max(len(part) for part in partitions) if opt.device_step_scalar else 0
+        return replace(base, optimizer_bytes=opt.state_tensors_per_param * one + scalars,
+                       optimizer_step_temp_bytes=opt.step_temporaries_per_param * one, grads_resident=True)
+
+    def optimizer_shard_fraction(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
+        partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
+        return max(sum(p.numel for p in part) for part in partitions) / graph.n_params
+
+    def model_state_lower_bound(self, sizes: Mapping[str, int], spec: PrecisionSpec, knobs: Knobs,
+                                hw: HardwareProfile, state_tensors_per_param: int) -> int:
+        params = sum(hw.round_alloc(n * spec.param_dtype.n_bytes) for n in sizes.values())
+        partitions = zero1_partition([ParamTensor(name=k, numel=n) for k, n in sizes.items()], knobs.data_parallel)
+        state = max(sum(hw.round_alloc(p.numel * spec.param_dtype.n_bytes) for p in part) for part in partitions)
+        grads = sum(hw.round_alloc(n * spec.grad_dtype.n_bytes) for n in sizes.values())
+        return params + state * state_tensors_per_param + grads

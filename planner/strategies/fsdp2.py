@@ -1,0 +1,86 @@
+"""ZeRO-2/3 as FSDP2 runs them (``fully_shard`` per block and on the root): the strategy over
+``planner.fsdp``'s layout, static memory, walk hooks and collectives.
+
+``reshard_after_forward`` False (sharding ``gradients``, ZeRO-2) keeps a unit's gathered
+parameters from its forward to its backward; True (``full``, ZeRO-3) frees them after the forward
+and gathers them again for the backward. bf16-mixed runs as ``MixedPrecisionPolicy(param_dtype=
+bf16, reduce_dtype=fp32)``: the step computes in bf16 on gathered bf16 parameters, without
+autocast (the bf16-true graph), while shards, gradients and AdamW state stay fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hardware.profile import HardwareProfile
+from planner.cache import IdentityCache
+from planner.fsdp import FSDP_PRECISIONS, FsdpLayout, fsdp_communication, fsdp_layout, fsdp_static, shard_fraction
+from planner.graph import LayerGraph
+from planner.knobs import Knobs
+from planner.memory_types import StaticMemory
+from planner.optimizer import OptimizerSpec
+from planner.parallel import Communication, ParallelConfig
+from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
+from planner.strategies.base import SingleDevice, refuse
+from planner.timing import TimeBreakdown
+
+_LAYOUTS: IdentityCache[FsdpLayout] = IdentityCache()
+
+
+class Fsdp2(SingleDevice):
+    """FSDP2 over the data-parallel shard dimension."""
+
+    allows_segments = False  # a segment's recompute would re-gather every block of it: not modelled
+    communicates = True
+
+    def __init__(self, reshard_after_forward: bool) -> None:
+        self.reshard_after_forward = reshard_after_forward
+        self.stage = 3 if reshard_after_forward else 2
+        self.label = f"ZeRO-{self.stage}: FSDP2"
+
+    def check(self, knobs: Knobs) -> None:
+        if not self.runs(knobs.precision):
+            allowed = ", ".join(p.value for p in FSDP_PRECISIONS)
+            refuse("precision", f"{knobs.precision.value} with ZeRO-{self.stage} (FSDP2) is not modelled (FSDP2 "
+                   f"needs a sharded grad scaler for fp16 and Float8 training for fp8); use {allowed}, or ZeRO-0/1")
+        if knobs.checkpoint_segments:
+            refuse("checkpoint_segments", "segments of several blocks under FSDP2 re-gather every block of a segment "
+                   "during its recompute, which is not modelled; checkpoint blocks one by one (checkpoint_blocks)")
+
+    def runs(self, precision: PrecisionPolicy) -> bool:
+        return precision in FSDP_PRECISIONS
+
+    def compute_spec(self, precision: PrecisionPolicy) -> PrecisionSpec:
+        if precision is PrecisionPolicy.BF16_MIXED:
+            return precision_spec(PrecisionPolicy.BF16_TRUE)
+        return precision_spec(precision)
+
+    def layout(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> FsdpLayout:
+        """FSDP2 units of ``graph`` (built in ``compute_spec``'s precision); shards keep the policy's
+        parameter dtype (fp32 for bf16-mixed)."""
+        stored = precision_spec(knobs.precision).param_dtype
+        return _LAYOUTS.get((graph, hw), (knobs.data_parallel, self.stage, stored, knobs.fsdp_grad_sync),
+                            lambda: fsdp_layout(graph, knobs.data_parallel, self.stage, stored, hw.round_alloc,
+                                                knobs.fsdp_grad_sync))
+
+    def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
+               base: StaticMemory) -> StaticMemory:
+        return fsdp_static(self.layout(graph, knobs, hw), opt.state_tensors_per_param, opt.step_temporaries_per_param,
+                           opt.device_step_scalar, base.data_bytes, hw.round_alloc)
+
+    def optimizer_shard_fraction(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
+        return shard_fraction(self.layout(graph, knobs, hw), graph.n_params)
+
+    def communication(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
+                      time: TimeBreakdown) -> Communication | None:
+        n = knobs.grad_accum_steps
+        return fsdp_communication(self.layout(graph, knobs, hw), hw,
+                                  ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node), n,
+                                  time.forward_s / n, (time.backward_s + time.recompute_s) / n)
+
+    def model_state_lower_bound(self, sizes: Mapping[str, int], spec: PrecisionSpec, knobs: Knobs,
+                                hw: HardwareProfile, state_tensors_per_param: int) -> int:
+        """Rank 0 holds at least 1/N of each tensor as parameters, each state tensor and (after the
+        first micro-batch) the sharded gradient."""
+        shards = sum(n * spec.param_dtype.n_bytes // knobs.data_parallel for n in sizes.values())
+        return shards * (1 + state_tensors_per_param) + (shards if knobs.grad_accum_steps > 1 else 0)
