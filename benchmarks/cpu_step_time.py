@@ -42,11 +42,11 @@ import sys
 
 import torch
 
-from planner import api
 from planner.config import ModelConfig, TrainConfig
 from planner.estimate import cached_graph
 from planner.knobs import Knobs
 from planner.precision import precision_spec
+from roofplan import api
 from validate.calibrate import calibrate
 from validate.report import TOLERANCES, Mode
 from validate.run import run

@@ -17,12 +17,12 @@ import subprocess
 import sys
 import time
 
-COMMAND = [sys.executable, "-m", "planner.cli", "--model", "llama3-405b", "--micro-batch", "1",
+COMMAND = [sys.executable, "-m", "roofplan.cli", "--model", "llama3-405b", "--micro-batch", "1",
            "--precision", "bf16-mixed", "--checkpoint", "all", "--global-batch", "16", "--json"]
-SEARCH = [sys.executable, "-m", "planner.cli", "--model", "llama2-7b", "--hardware", "h200", "--json"]
+SEARCH = [sys.executable, "-m", "roofplan.cli", "--model", "llama2-7b", "--hardware", "h200", "--json"]
 MAIN_JOB = ["--model", "llama2-7b", "--hbm", "80GB", "--gpus", "8"]
 NO_TORCH = ("import sys, runpy; sys.argv = ['plan', *sys.argv[1:]]; "
-            "from planner.cli import main; rc = main(sys.argv[1:]); "
+            "from roofplan.cli import main; rc = main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'plan imported torch'; sys.exit(rc)")
 
 
@@ -78,9 +78,9 @@ def validate_main_job() -> float:
 
     with tempfile.TemporaryDirectory() as tmp:
         plan = str(Path(tmp) / "plan.json")
-        subprocess.run([sys.executable, "-m", "planner.cli", *MAIN_JOB, "--out", plan], capture_output=True, check=True)
+        subprocess.run([sys.executable, "-m", "roofplan.cli", *MAIN_JOB, "--out", plan], capture_output=True, check=True)
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "validate", plan, "--mode", "simulate"], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "roofplan", "validate", plan, "--mode", "simulate"], capture_output=True,
                               check=False)
         elapsed = time.perf_counter() - start
     if done.returncode != 0:

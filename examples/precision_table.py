@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from hardware.units import format_bytes
-from planner import api
 from planner.precision import PRECISION_SPECS
+from roofplan import api
 
 
 def main() -> None:

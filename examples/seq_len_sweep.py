@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from planner import api
+from roofplan import api
 
 
 def largest_micro_batch(model: api.ModelConfig, training: api.TrainConfig, device: str) -> int:

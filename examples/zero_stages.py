@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hardware.units import format_bytes
-from planner import api
+from roofplan import api
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simu
 from planner.optimizer import optimizer_spec
 from planner.params import param_tensors
 from planner.precision import PrecisionSpec, precision_spec
+from planner.schedule import Schedule
 from planner.strategies import Fsdp2, strategy_for
 from planner.timing import (
     OpGroup,
@@ -135,7 +136,7 @@ def times_of(graph: LayerGraph, hw: HardwareProfile) -> OpTimes:
 
 
 def timing(
-    graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, grad_accum_steps: int, recomputed: frozenset[str],
+    graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, schedule: Schedule, recomputed: frozenset[str],
     shard_fraction: float = 1.0, state_dtype: DType | None = None,
 ) -> tuple[OpTimes, TimeBreakdown]:
     """Step time of a graph given which ops the checkpointing re-runs (no memory walk needed);
@@ -143,14 +144,14 @@ def timing(
     ``state_dtype`` (default: the graph's parameter dtype)."""
     times = times_of(graph, hw)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    return times, step_time(times, recomputed, grad_accum_steps,
+    return times, step_time(times, recomputed, schedule,
                             optimizer_time_s(graph, opt, hw, shard_fraction, state_dtype))
 
 
 def rank_timing(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs,
                 recomputed: frozenset[str]) -> tuple[OpTimes, TimeBreakdown]:
     """``timing`` of one rank: its optimizer updates its own share, in the stored dtype."""
-    return timing(graph, hw, training, knobs.grad_accum_steps, recomputed,
+    return timing(graph, hw, training, knobs.schedule, recomputed,
                   shard_fraction=optimizer_shard_fraction(graph, knobs, hw),
                   state_dtype=precision_spec(knobs.precision).param_dtype)
 
@@ -239,7 +240,7 @@ def estimate(
     graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
-    timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.grad_accum_steps)
+    timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.schedule)
     _, time = rank_timing(graph, hw, training, knobs, timeline.recomputed_ops)
     time = with_communication(graph, hw, knobs, gpus_per_node, time)
     ops = op_rooflines(graph, hw)

@@ -44,6 +44,7 @@ from planner.knobs import GradSync
 from planner.memory_types import CATEGORIES, Category, Phase, StaticMemory, Timeline
 from planner.parallel import Collective, Communication, ParallelConfig, fsdp_shard_numel, ring_time_s
 from planner.precision import PrecisionPolicy
+from planner.schedule import Schedule
 from planner.walk import Live, Prepared, Walk, WalkHooks
 
 _PARAMS = CATEGORIES.index(Category.PARAMS)
@@ -310,9 +311,10 @@ class _FsdpHooks(WalkHooks):
         self.held_reduce = 0
 
 
-def simulate_fsdp_step(prep: Prepared, static: StaticMemory, units: dict[int, int], grad_accum_steps: int,
+def simulate_fsdp_step(prep: Prepared, static: StaticMemory, units: dict[int, int], schedule: Schedule,
                        record_trace: bool = False) -> Timeline:
-    """Walk one steady-state step of rank 0 under FSDP2 (``static.sharding``)."""
+    """Walk one steady-state step of rank 0 under FSDP2 (``static.sharding``), event by event of
+    its schedule (a backward whose event does not sync keeps its unsharded gradients)."""
     layout = static.sharding
     assert layout is not None
     live = Live(record_trace)
@@ -322,19 +324,21 @@ def simulate_fsdp_step(prep: Prepared, static: StaticMemory, units: dict[int, in
     live.observe(Phase.FORWARD, "start")
     hooks = _FsdpHooks(layout, prep)
     activations = logits = 0
+    walks: dict[int, Walk] = {}
     walk: Walk | None = None
-    if layout.grad_sync is GradSync.LAST:  # first, one middle (they repeat), last: the one that syncs
-        walked = [0, 1, grad_accum_steps - 1] if grad_accum_steps > 2 else list(range(grad_accum_steps))
-    else:  # later micro-batches repeat the second
-        walked = list(range(min(grad_accum_steps, 2)))
-    for micro_batch in walked:
-        live.micro_batch = micro_batch
-        hooks.sync = layout.grad_sync is GradSync.EVERY or micro_batch == grad_accum_steps - 1
-        walk = Walk(prep, units, live, grads_exist=False, hooks=hooks, unit_grads=True,
-                    held_grads=hooks.held_params)
-        activations, logits = walk.forward()
-        walk.backward()
-    live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
+    for event in schedule.events:
+        live.micro_batch = event.micro_batch
+        if event.phase is Phase.FORWARD:
+            hooks.sync = event.sync
+            walk = walks[event.micro_batch] = Walk(prep, units, live, grads_exist=False, hooks=hooks, unit_grads=True,
+                                                   held_grads=hooks.held_params)
+            activations, logits = walk.forward()
+        elif event.phase is Phase.BACKWARD:
+            hooks.sync = event.sync
+            walk = walks.pop(event.micro_batch)
+            walk.backward()
+        else:
+            live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
     assert live.peak is not None and walk is not None
     return Timeline(
         peak=live.peak,

@@ -13,9 +13,10 @@ from functools import cached_property
 
 import networkx as nx
 
-from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind
+from planner.blocks import ModelDesc, OpDesc, describe
+from planner.config import ModelConfig
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, ParamTensor, TensorInfo
-from planner.ops.registry import cost_of
+from planner.ops.catalog import cost_of
 from planner.precision import PrecisionSpec
 
 
@@ -114,7 +115,6 @@ class _Builder:
         self.model, self.batch, self.seq_len, self.precision = model, batch, seq_len, precision
         self.graph = nx.DiGraph()
         self.order: list[str] = []
-        self.held_until: dict[str, str] = {}
         self.costs: dict[tuple[object, ...], LayerCost] = {}
 
     def add(self, spec: LayerSpec, inputs: tuple[str, ...] = (), info: tuple[TensorInfo, ...] | None = None) -> str:
@@ -135,106 +135,32 @@ class _Builder:
     def output(self, name: str) -> TensorInfo:
         return self.graph.nodes[name]["op"].cost.output  # type: ignore[no-any-return]
 
-    def linear(self, name: str, block: int | None, x: str, i: int, o: int, bias: bool, **kw: object) -> str:
-        params: tuple[ParamTensor, ...] = (ParamTensor(name=f"{name}.weight", numel=i * o, rows=o),)
-        if bias:
-            params += (ParamTensor(name=f"{name}.bias", numel=o),)
-        spec = _spec(name=name, kind=OpKind.LINEAR, block=block, in_features=i, out_features=o, bias=bias,
-                     params=params, **kw)
-        return self.add(spec, (x,))
-
-    def norm(self, name: str, block: int | None, x: str) -> str:
-        m = self.model
-        layernorm = m.norm is NormKind.LAYERNORM
-        params: tuple[ParamTensor, ...] = (ParamTensor(name=f"{name}.weight", numel=m.d_model),)
-        if layernorm and m.norm_bias:
-            params += (ParamTensor(name=f"{name}.bias", numel=m.d_model),)
-        kind = OpKind.LAYERNORM if layernorm else OpKind.RMSNORM
-        return self.add(_spec(name=name, kind=kind, block=block, in_features=m.d_model, params=params), (x,))
-
-    def simple(self, name: str, kind: OpKind, block: int | None, *inputs: str, dropout: float = 0.0) -> str:
-        return self.add(_spec(name=name, kind=kind, block=block, dropout=dropout), inputs)
-
-    def block(self, b: int, x: str, rope: str | None, mask: str | None) -> str:
-        m = self.model
-        n, k, h, d = m.n_heads, m.kv_heads, m.head_dim, m.d_model
-        p = f"blocks.{b}"
-        normed = self.norm(f"{p}.attn_norm", b, x)
-        q = self.linear(f"{p}.attn.q_proj", b, normed, d, n * h, bool(m.qkv_bias))
-        kk = self.linear(f"{p}.attn.k_proj", b, normed, d, k * h, bool(m.qkv_bias))
-        v = self.linear(f"{p}.attn.v_proj", b, normed, d, k * h, bool(m.qkv_bias))
-        qk: tuple[str, ...] = (q, kk)
-        if rope is not None:
-            qk = (self.simple(f"{p}.attn.rotary", OpKind.ROTARY, b, q, kk, rope),)
-        eager = m.attention is AttentionImpl.EAGER
-        core_spec = _spec(
-            name=f"{p}.attn.core", kind=OpKind.ATTENTION_EAGER if eager else OpKind.ATTENTION_FLASH, block=b,
-            n_heads=n, n_kv_heads=k, head_dim=h, dropout=m.dropout, attention_kernel=m.attention_kernel,
-        )
-        core = self.add(core_spec, (*qk, v) + ((mask,) if eager and mask is not None else ()))
-        attn = self.linear(f"{p}.attn.o_proj", b, core, n * h, d, bool(m.attn_out_bias))
-        self.held_until[normed] = attn  # Attention.forward's argument
-        if m.dropout > 0:
-            attn = self.simple(f"{p}.attn_dropout", OpKind.DROPOUT, b, attn, dropout=m.dropout)
-        x = self.simple(f"{p}.attn_residual", OpKind.RESIDUAL_ADD, b, x, attn)
-        normed = self.norm(f"{p}.mlp_norm", b, x)
-        bias = bool(m.mlp_bias)
-        if m.mlp is MlpKind.SWIGLU:
-            gate = self.linear(f"{p}.mlp.gate_proj", b, normed, d, m.d_ff, bias)
-            act = self.simple(f"{p}.mlp.act", OpKind.SILU, b, gate)
-            up = self.linear(f"{p}.mlp.up_proj", b, normed, d, m.d_ff, bias)
-            hidden = self.simple(f"{p}.mlp.glu", OpKind.GLU_MUL, b, act, up)
-        else:
-            up = self.linear(f"{p}.mlp.up_proj", b, normed, d, m.d_ff, bias)
-            hidden = self.simple(f"{p}.mlp.act", OpKind.GELU, b, up)
-        mlp = self.linear(f"{p}.mlp.down_proj", b, hidden, m.d_ff, d, bias)
-        self.held_until[normed] = mlp  # Mlp.forward's argument
-        if m.dropout > 0:
-            mlp = self.simple(f"{p}.mlp_dropout", OpKind.DROPOUT, b, mlp, dropout=m.dropout)
-        return self.simple(f"{p}.mlp_residual", OpKind.RESIDUAL_ADD, b, x, mlp)
+    def op(self, desc: OpDesc) -> None:
+        """Instantiate one described op."""
+        inputs = desc.inputs
+        if desc.kind is OpKind.CROSS_ENTROPY and self.output(inputs[0]).dtype.n_bytes != 4:
+            # the reference model's loss upcasts low-precision logits first (``.float()``)
+            inputs = (self.add(_spec(name="logits_cast", kind=OpKind.CAST, block=None), inputs),)
+        spec = _spec(name=desc.name, kind=desc.kind, block=desc.block, params=desc.params, **dict(desc.fields))
+        info = (self.output(desc.shape_of),) if desc.shape_of is not None else None
+        self.add(spec, inputs, info)
 
 
-def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: PrecisionSpec) -> LayerGraph:
-    """The forward op graph of ``model`` for a micro-batch of ``batch`` sequences of ``seq_len``."""
-    m = model
-    g = _Builder(m, batch, seq_len, precision)
-    embed_param = ParamTensor(name="embed.weight", numel=m.vocab_size * m.d_model, rows=m.vocab_size)
-    x = g.add(LayerSpec(name="embed", kind=OpKind.EMBEDDING, in_features=m.vocab_size, out_features=m.d_model,
-                        params=(embed_param,)))
-    if m.positions is PositionKind.LEARNED:
-        pos = g.add(LayerSpec(name="pos_embed", kind=OpKind.POS_EMBEDDING, in_features=m.position_rows,
-                              out_features=m.d_model,
-                              params=(ParamTensor(name="pos_embed.weight", numel=m.position_rows * m.d_model,
-                                                 rows=m.position_rows),)))
-        x = g.simple("embed_add", OpKind.RESIDUAL_ADD, None, x, pos)
-    if m.dropout > 0:
-        x = g.simple("embed_dropout", OpKind.DROPOUT, None, x, dropout=m.dropout)
-    rope = None
-    if m.positions is PositionKind.ROTARY:
-        rope = g.add(LayerSpec(name="rope", kind=OpKind.ROPE_TABLES, head_dim=m.head_dim), (), info=(g.output(x),))
-    mask = None
-    if m.attention is AttentionImpl.EAGER:
-        mask = g.add(LayerSpec(name="causal_mask", kind=OpKind.CAUSAL_MASK))
-    for b in range(m.n_layers):
-        x = g.block(b, x, rope, mask)
-    x = g.norm("final_norm", None, x)
-    tied = bool(m.tie_embeddings)
-    head_params = (embed_param,) if tied else (
-        ParamTensor(name="lm_head.weight", numel=m.vocab_size * m.d_model, rows=m.vocab_size),)
-    logits = g.add(LayerSpec(name="lm_head", kind=OpKind.LINEAR, in_features=m.d_model, out_features=m.vocab_size,
-                             params=head_params, owns_params=not tied), (x,))
-    if g.output(logits).dtype.n_bytes != 4:
-        logits = g.simple("logits_cast", OpKind.CAST, None, logits)
-    loss = g.simple("loss", OpKind.CROSS_ENTROPY, None, logits)
-    for shared in (rope, mask):  # locals of Transformer.forward: alive for the whole forward
-        if shared is not None:
-            g.held_until[shared] = loss
+def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: PrecisionSpec,
+                desc: ModelDesc | None = None) -> LayerGraph:
+    """The forward op graph of ``model`` for a micro-batch of ``batch`` sequences of ``seq_len``:
+    its description (``planner.blocks.describe``, or ``desc`` as a strategy rewrote it), each op
+    priced by its registered formula."""
+    desc = desc or describe(model)
+    g = _Builder(model, batch, seq_len, precision)
+    for op in desc.ops:
+        g.op(op)
     for name in g.order:  # bytes each op's forward leaves alive for backward (no checkpointing)
         cost = g.graph.nodes[name]["op"].cost
         kept = cost.saves_output or any(data["saved"] for _, _, data in g.graph.out_edges(name, data=True))
         g.graph.nodes[name]["saved_bytes"] = sum(cost.saved_extra_bytes) + (cost.output.n_bytes if kept else 0)
-    return LayerGraph(model=m, batch=batch, seq_len=seq_len, precision=precision, graph=g.graph,
-                      order=tuple(g.order), held_until=g.held_until)
+    return LayerGraph(model=model, batch=batch, seq_len=seq_len, precision=precision, graph=g.graph,
+                      order=tuple(g.order), held_until=dict(desc.held_until))
 
 
 LOGITS_NODES = frozenset({"lm_head", "logits_cast", "loss"})

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, computed_field, 
 
 from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy
+from planner.schedule import Schedule, accumulation
 
 
 class GradSync(StrEnum):
@@ -101,6 +102,12 @@ class Knobs(BaseModel):
     def zero_stage(self) -> int:
         """The ZeRO stage of the data-parallel layout (0 on one GPU and under DDP)."""
         return self.parallel.zero_stage
+
+    @property
+    def schedule(self) -> Schedule:
+        """The step's (micro-batch, phase) events: plain accumulation; under FSDP2 with
+        ``fsdp_grad_sync`` last only the last micro-batch reduces gradients."""
+        return accumulation(self.grad_accum_steps, sync_last=self.fsdp_grad_sync is GradSync.LAST)
 
     @property
     def sequences_per_step(self) -> int:

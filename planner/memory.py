@@ -21,6 +21,7 @@ from planner.cache import IdentityCache
 from planner.fsdp import simulate_fsdp_step
 from planner.graph import LayerGraph
 from planner.memory_types import CATEGORIES, Category, PeakPoint, Phase, StaticMemory, Timeline, TraceEvent
+from planner.schedule import Schedule
 from planner.walk import Live, Prepared, Walk, recompute_span
 
 _PREPARED: IdentityCache[Prepared] = IdentityCache()
@@ -102,13 +103,14 @@ def simulate_step(
     static: StaticMemory,
     round_bytes: Callable[[int], int],
     units: dict[int, int],
-    grad_accum_steps: int,
+    schedule: Schedule,
     record_trace: bool = False,
 ) -> Timeline:
-    """Walk one steady-state optimizer step; return its peak and where it happens."""
+    """Walk one steady-state optimizer step, event by event of its schedule; return its peak and
+    where it happens."""
     prep = _PREPARED.get((graph,), (round_bytes(1),), lambda: Prepared(graph, round_bytes))
     if static.sharding is not None:
-        return simulate_fsdp_step(prep, static, units, grad_accum_steps, record_trace)
+        return simulate_fsdp_step(prep, static, units, schedule, record_trace)
     live = Live(record_trace)
     live.add(CATEGORIES.index(Category.PARAMS), static.params_bytes)
     live.add(CATEGORIES.index(Category.OPTIMIZER), static.optimizer_bytes)
@@ -117,24 +119,28 @@ def simulate_step(
         live.add(CATEGORIES.index(Category.GRADS), static.grads_bytes)
     live.observe(Phase.FORWARD, "start")
     activations = logits = 0
-    recompute = 0.0
-    recomputed: frozenset[str] = frozenset()
-    for micro_batch in range(min(grad_accum_steps, 2)):  # later micro-batches repeat the second
-        live.micro_batch = micro_batch
-        walk = Walk(prep, units, live, grads_exist=micro_batch > 0 or static.grads_resident)
-        activations, logits = walk.forward()
-        walk.backward()
-        recompute = walk.recompute_flops
-        recomputed = frozenset(graph.order[i] for i in walk.recomputed)
-        if micro_batch == 0 and not static.grads_resident:
-            live.reset_grads(static.grads_bytes)
-    live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
-    assert live.peak is not None
+    walks: dict[int, Walk] = {}
+    walk: Walk | None = None
+    first = schedule.micro_batches[0]
+    for event in schedule.events:
+        live.micro_batch = event.micro_batch
+        if event.phase is Phase.FORWARD:
+            grads_exist = event.micro_batch != first or static.grads_resident
+            walk = walks[event.micro_batch] = Walk(prep, units, live, grads_exist=grads_exist)
+            activations, logits = walk.forward()
+        elif event.phase is Phase.BACKWARD:
+            walk = walks.pop(event.micro_batch)
+            walk.backward()
+            if event.micro_batch == first and not static.grads_resident:
+                live.reset_grads(static.grads_bytes)
+        else:
+            live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
+    assert live.peak is not None and walk is not None
     return Timeline(
         peak=live.peak,
         activations_bytes=activations,
         logits_bytes=logits,
-        recompute_flops=recompute,
-        recomputed_ops=recomputed,
+        recompute_flops=walk.recompute_flops,
+        recomputed_ops=frozenset(graph.order[i] for i in walk.recomputed),
         trace=tuple(live.trace or ()),
     )

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from planner.errors import PlannerError
 from planner.graph import LayerGraph
 from planner.memory import Phase, StaticMemory, Timeline, TraceEvent, checkpoint_units, simulate_step
+from planner.schedule import Schedule
 
 _FORWARD, _BACKWARD = "fwd", "bwd"
 
@@ -143,7 +144,7 @@ def placement_profile(
     graph: LayerGraph,
     static: StaticMemory,
     round_bytes: object,
-    grad_accum_steps: int,
+    schedule: Schedule,
     all_checkpointed: Timeline | None = None,
 ) -> PlacementProfile:
     """Measure the terms with three walks (no block, block 0 only, every block checkpointed) and
@@ -157,7 +158,7 @@ def placement_profile(
             timeline = all_checkpointed  # the caller already walked it
         else:
             timeline = simulate_step(graph, static, round_bytes, checkpoint_units(n, placed),  # type: ignore[arg-type]
-                                     grad_accum_steps, record_trace=True)
+                                     schedule, record_trace=True)
         runs[name] = _split(graph, timeline.trace)
     first: dict[int, Terms] = {}
     terms: dict[int, Terms] = {}

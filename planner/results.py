@@ -96,13 +96,3 @@ class PlanResult(BaseModel):
             return cls.model_validate_json(text)
         except ValidationError as error:
             raise ConfigError(describe_validation_error(error, f"plan file {source}")) from None
-
-    def _repr_html_(self) -> str:  # notebooks
-        from planner.render import render_html
-
-        return render_html(self)
-
-    def __rich__(self) -> object:  # rich.print(result) shows the report
-        from planner.render import report
-
-        return report(self)

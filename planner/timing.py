@@ -17,8 +17,10 @@ from hardware.kernels import AttentionKernel, Direction, MemoryClass, gemm_shape
 from hardware.profile import DeviceKind, HardwareProfile
 from hardware.roofline import Bound, OpTime, op_time
 from planner.graph import GraphNode, LayerGraph
+from planner.memory_types import Phase
 from planner.ops.base import LayerCost, OpKind
 from planner.optimizer import OptimizerSpec
+from planner.schedule import Schedule
 
 # torch's multi_tensor_apply launches one kernel per chunk of at most 36 tensors when four
 # tensor lists are passed (aten/src/ATen/native/cuda/MultiTensorApply.cuh depth_to_max_tensors).
@@ -229,13 +231,14 @@ class OpTimes(BaseModel):
     names: tuple[str, ...]
     fwd_s: tuple[float, ...]
     bwd_s: tuple[float, ...]
-    lower_bound_s: tuple[float, ...]
+    lower_bound_s: tuple[float, ...]  # forward and backward
+    fwd_lower_bound_s: tuple[float, ...]
 
 
 def op_times(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: HardwareProfile) -> OpTimes:
     """Forward, backward and lower-bound time of every op (each distinct cost timed once)."""
     timed: dict[int, tuple[OpTime, OpTime, float, float]] = {}
-    fwd, bwd, lower = [], [], []
+    fwd, bwd, lower, fwd_lower = [], [], [], []
     for op in ops:
         key = id(op.cost)
         if key not in timed:
@@ -244,26 +247,31 @@ def op_times(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: Hardwa
         fwd.append(f.time_s)
         bwd.append(b.time_s)
         lower.append(f.lower_bound_s + b.lower_bound_s)
+        fwd_lower.append(f.lower_bound_s)
     return OpTimes.model_construct(names=tuple(op.spec.name for op in ops), fwd_s=tuple(fwd), bwd_s=tuple(bwd),
-                                   lower_bound_s=tuple(lower))
+                                   lower_bound_s=tuple(lower), fwd_lower_bound_s=tuple(fwd_lower))
 
 
 def step_time(
     times: OpTimes,
     recomputed: frozenset[str],
-    grad_accum_steps: int,
+    schedule: Schedule,
     optimizer_s: tuple[float, float],
 ) -> TimeBreakdown:
+    """The sum over the schedule's events: every forward event runs the ops' forwards, every
+    backward event their backwards and the checkpointed ops' forwards again, the optimizer event
+    the optimizer step (every micro-batch has the same shapes, so each event costs the same)."""
     forward = sum(times.fwd_s)
     backward = sum(times.bwd_s)
     recompute = sum(t for name, t in zip(times.names, times.fwd_s, strict=True) if name in recomputed)
-    lower = sum(times.lower_bound_s)  # recomputation is not required work: not in the bound
-    n = grad_accum_steps
+    fwd_lower = sum(times.fwd_lower_bound_s)  # recomputation is not required work: not in the bound
+    bwd_lower = sum(times.lower_bound_s) - fwd_lower
+    n_fwd, n_bwd = schedule.count(Phase.FORWARD), schedule.count(Phase.BACKWARD)
     return TimeBreakdown(
-        forward_s=n * forward,
-        backward_s=n * backward,
-        recompute_s=n * recompute,
+        forward_s=n_fwd * forward,
+        backward_s=n_bwd * backward,
+        recompute_s=n_bwd * recompute,
         optimizer_s=optimizer_s[0],
-        step_time_s=n * (forward + backward + recompute) + optimizer_s[0],
-        lower_bound_s=n * lower + optimizer_s[1],
+        step_time_s=n_fwd * forward + n_bwd * (backward + recompute) + optimizer_s[0],
+        lower_bound_s=n_fwd * fwd_lower + n_bwd * bwd_lower + optimizer_s[1],
     )

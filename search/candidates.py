@@ -28,7 +28,7 @@ from planner.estimate import (
     with_communication,
 )
 from planner.knobs import GradSync, Knobs
-from planner.memory import Timeline, checkpoint_units, recomputed_ops, simulate_step
+from planner.memory import Phase, Timeline, checkpoint_units, recomputed_ops, simulate_step
 from planner.parallel_dims import ParallelDims
 from planner.placement import NotDecomposableError, placement_profile
 from planner.precision import PrecisionPolicy
@@ -68,7 +68,7 @@ def _per_block_curve(
     graph = cached_graph(model, base.micro_batch_size, training.seq_len, spec)
     static = static_for(graph, hw, training, base)
     try:
-        profile = placement_profile(graph, static, hw.round_alloc, base.grad_accum_steps, all_checkpointed)
+        profile = placement_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed)
         return profile.min_peak_by_count()
     except NotDecomposableError:
         pass
@@ -79,7 +79,7 @@ def _per_block_curve(
     )
     for bits in statuses:
         units = checkpoint_units(n, [i for i, b in enumerate(bits) if b])
-        peak = simulate_step(graph, static, hw.round_alloc, units, base.grad_accum_steps).peak.bytes
+        peak = simulate_step(graph, static, hw.round_alloc, units, base.schedule).peak.bytes
         k = sum(bits)
         if k not in best or peak < best[k][0]:
             best[k] = (peak, tuple(bits))
@@ -134,14 +134,15 @@ def evaluate(
     fwd_s = dict(zip(times.names, times.fwd_s, strict=True))
     # a step's time is additive in the forward time each checkpointed block runs again
     rerun_s = [
-        base.grad_accum_steps * sum(fwd_s[name] for name in recomputed_ops(graph, checkpoint_units(model.n_layers, (b,))))
+        base.schedule.count(Phase.BACKWARD)
+        * sum(fwd_s[name] for name in recomputed_ops(graph, checkpoint_units(model.n_layers, (b,))))
         for b in range(model.n_layers)
     ]
     points: list[ParetoPoint] = []
     every = tuple(range(model.n_layers))
     static = static_for(graph, hw, training, base)
     all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, every),
-                             base.grad_accum_steps, record_trace=True)
+                             base.schedule, record_trace=True)
     all_peak = all_walk.peak.bytes
     if device_bytes(all_peak, hw) <= cap_bytes:
         curve = _per_block_curve(model, training, hw, base, all_walk)
@@ -192,7 +193,7 @@ def least_memory_at(
     static = static_for(graph, hw, training, base)
     every = tuple(range(model.n_layers))
     all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, every),
-                             base.grad_accum_steps, record_trace=True)
+                             base.schedule, record_trace=True)
     peak, placement = min(_per_block_curve(model, training, hw, base, all_walk), key=lambda c: c[0])
     options = [(peak, base.model_copy(update={"checkpoint_blocks": tuple(i for i, s in enumerate(placement) if s)}))]
     if allow_segments and strategy_for(base.parallel).allows_segments:  # as the search

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from hardware.registry import bundled_names, load_hardware
-from planner.cli import main as plan_main
-from planner.hardware_cli import main as hardware_main
+from roofplan.cli import main as plan_main
+from roofplan.hardware_cli import main as hardware_main
 
 REPO = Path(__file__).resolve().parent.parent
 FIXED = ["--micro-batch", "2", "--precision", "fp32", "--checkpoint", "none"]
@@ -82,7 +82,7 @@ def test_fixed_knobs_report_fits(capsys: pytest.CaptureFixture[str], monkeypatch
 
 
 def test_fixed_knobs_subprocess_no_traceback() -> None:
-    result = run_module("-m", "planner.cli", *TINY)
+    result = run_module("-m", "roofplan.cli", *TINY)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert "FITS" in result.stdout
@@ -267,7 +267,7 @@ def test_hbm_overflow_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) ->
 @pytest.mark.parametrize("case", ["malformed yaml", "fp8 on a100", "micro-batch not int"])
 def test_bad_input_subprocess_no_traceback(case: str, tmp_path: Path) -> None:
     argv, needles = _bad_cases(tmp_path)[case]
-    result = run_module("-m", "planner.cli", *argv)
+    result = run_module("-m", "roofplan.cli", *argv)
     assert_one_line_error(result.returncode, result.stdout, result.stderr, *needles)
 
 
@@ -332,7 +332,7 @@ def test_hardware_show_bad_profile_subprocess(tmp_path: Path) -> None:
     profile["memory_efficiency"] = 1.5
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(profile))
-    result = run_module("-m", "planner.hardware_cli", "show", str(path))
+    result = run_module("-m", "roofplan.hardware_cli", "show", str(path))
     assert_one_line_error(result.returncode, result.stdout, result.stderr, "memory_efficiency")
 
 

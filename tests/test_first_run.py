@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from hardware.registry import load_hardware
-from planner import api
-from planner.cli import main as plan_main
 from planner.errors import ConfigError
+from roofplan import api
+from roofplan.cli import main as plan_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def _plan_file(tmp_path: Path) -> Path:
 def _validate_without_torch(*argv: str) -> subprocess.CompletedProcess[str]:
     """`validate` in a process where torch cannot be imported (a base install)."""
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from validate.cli import main\n"
+            "from roofplan.validate_cli import main\n"
             f"sys.exit(main({list(argv)!r}))\n")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
 
@@ -90,7 +90,7 @@ def test_validate_checks_the_file_before_importing_torch(tmp_path: Path) -> None
 
 def test_validate_missing_file_never_imports_torch() -> None:
     """The check that made `validate missing.json` take seconds: torch is not imported for it."""
-    probe = subprocess.run([sys.executable, "-c", "import sys; from validate.cli import main\n"
+    probe = subprocess.run([sys.executable, "-c", "import sys; from roofplan.validate_cli import main\n"
                             "code = main(['/nonexistent/plan.json'])\n"
                             "print(code, 'torch' in sys.modules)"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert probe.stdout.strip() == "2 False", probe.stderr
@@ -109,7 +109,7 @@ def test_the_readme_main_job_fits_and_its_command_is_current(capsys: pytest.Capt
     data = json.loads(capsys.readouterr().out)
     assert data["best"]["estimate"]["memory"]["fits"] is True
     synopsis = text[text.index("## Using `plan`"):text.index("- `--model`")]
-    from planner.cli import build_parser
+    from roofplan.cli import build_parser
 
     flags = {o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")}
     missing = sorted(f for f in flags - {"--help"} if f not in synopsis)

@@ -1,11 +1,12 @@
 """The one-way flow of DESIGN.md, enforced by an ``ast`` walk over every module of our packages.
 
-    hardware  <-  planner  <-  search / validate      (planner.api and planner.cli import
-                                                       search/validate lazily, inside functions)
+    hardware  <-  planner  <-  search / validate  <-  roofplan (api, CLI, report, plots, advice)
+
 - ``hardware`` imports nothing of ours;
-- the planner imports only ``hardware`` and ``planner`` (the façade and CLI: search/validate
-  only inside functions, never at module level);
+- the planner core imports only ``hardware`` and ``planner``;
+- ``search`` and ``validate`` import the core and themselves, never each other nor ``roofplan``;
 - only ``search`` imports optuna; only ``validate`` imports torch or einops;
+- the file import graph has no cycles (imports inside functions count; ``TYPE_CHECKING`` ones do not);
 - ``plan`` without ``--validate`` never imports torch or optuna.
 """
 
@@ -21,8 +22,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("hardware", "planner", "search", "validate")
-LAZY_FACADES = {"planner/api.py", "planner/cli.py", "planner/hardware_cli.py"}
+PACKAGES = ("hardware", "planner", "search", "validate", "roofplan")
+# what each package may import of ours (roofplan, the app layer, anything)
+ALLOWED = {
+    "hardware": {"hardware"},
+    "planner": {"hardware", "planner"},
+    "search": {"hardware", "planner", "search"},
+    "validate": {"hardware", "planner", "validate"},
+    "roofplan": set(PACKAGES),
+}
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ def collect_imports(source: str, rel: str) -> list[Import]:
             else:
                 module = node.module or ""
             found.append(Import(module, node.lineno, lazy, type_checking))
-            for alias in node.names:  # `from planner import api` imports planner.api
+            for alias in node.names:  # `from roofplan import api` imports roofplan.api
                 found.append(Import(f"{module}.{alias.name}", node.lineno, lazy, type_checking))
         for child in ast.iter_child_nodes(node):
             child_lazy = lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
@@ -92,23 +100,65 @@ def violations(rel: str, source: str) -> list[str]:
     problems = []
     for imp in collect_imports(source, rel):
         where = f"{rel}:{imp.line} imports {imp.module}"
-        runs_at_import = not imp.lazy and not imp.type_checking
-        if owner == "hardware" and imp.top in ("planner", "search", "validate"):
-            problems.append(f"{where}: hardware imports nothing of ours")
-        if owner == "planner" and imp.top in ("search", "validate"):
-            if rel not in LAZY_FACADES:
-                problems.append(f"{where}: the planner core imports only hardware and planner")
-            elif runs_at_import:
-                problems.append(f"{where}: the façade/CLI may import search/validate only inside functions")
+        if imp.top in PACKAGES and imp.top not in ALLOWED[owner]:
+            allowed = ", ".join(sorted(ALLOWED[owner]))
+            problems.append(f"{where}: {owner} imports only {allowed} of ours")
         if imp.top == "optuna" and owner != "search":
             problems.append(f"{where}: only search imports optuna")
         if imp.top in ("torch", "einops") and owner != "validate":
             problems.append(f"{where}: only validate imports torch/einops")
-    if rel == "planner/__init__.py":
-        names = {imp.module for imp in collect_imports(source, rel)}
-        if names & {"planner.api", "planner.cli"}:
-            problems.append(f"{rel}: must not re-export the façade or the CLI (a cycle)")
     return problems
+
+
+def module_name(rel: str) -> str:
+    name = rel[: -len(".py")].replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def import_graph(files: list[tuple[str, str]]) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (a ``from pkg import name`` resolves to the
+    module ``pkg.name`` if there is one, else to ``pkg``); ``TYPE_CHECKING`` imports left out."""
+    names = {module_name(rel) for rel, _ in files}
+    graph: dict[str, set[str]] = {}
+    for rel, source in files:
+        me = module_name(rel)
+        edges = graph.setdefault(me, set())
+        for imp in collect_imports(source, rel):
+            if imp.type_checking:
+                continue
+            target = imp.module
+            while target and target not in names:
+                target = target.rpartition(".")[0]
+            if target and target != me:
+                edges.add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
 
 
 MODULES = module_files()
@@ -117,7 +167,7 @@ MODULES = module_files()
 def test_every_package_is_walked() -> None:
     walked = {rel.split("/")[0] for rel, _ in MODULES}
     assert walked == set(PACKAGES)
-    assert {"planner/api.py", "planner/cli.py", "hardware/profile.py", "validate/reference_model.py"} <= {
+    assert {"roofplan/api.py", "roofplan/cli.py", "hardware/profile.py", "validate/reference_model.py"} <= {
         rel for rel, _ in MODULES
     }
 
@@ -127,30 +177,34 @@ def test_import_rules(rel: str, source: str) -> None:
     assert violations(rel, source) == []
 
 
+def test_the_file_import_graph_has_no_cycles() -> None:
+    assert find_cycle(import_graph(MODULES)) is None
+
+
 # --- the checker itself can fail ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("rel", "source", "expected"),
     [
-        ("hardware/x.py", "from planner.config import ModelConfig\n", "hardware imports nothing"),
-        ("planner/graph.py", "import validate.simulate\n", "planner core"),
+        ("hardware/x.py", "from planner.config import ModelConfig\n", "hardware imports only hardware"),
+        ("planner/graph.py", "import validate.simulate\n", "planner imports only hardware, planner"),
         ("planner/ops/x.py", "from ..graph import build_graph\nfrom . import base\n", None),
-        ("planner/graph.py", "def f():\n    import search\n", "planner core"),
-        ("planner/api.py", "from validate.simulate import simulate_step\n", "only inside functions"),
-        ("planner/cli.py", "try:\n    import search\nexcept ImportError:\n    pass\n", "only inside functions"),
-        ("planner/api.py", "def f():\n    from validate.simulate import simulate_step\n", None),
-        ("planner/api.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import search\n", None),
-        ("planner/api.py", "if TYPE_CHECKING:\n    pass\nelse:\n    import search\n", "only inside functions"),
+        ("planner/graph.py", "def f():\n    import search\n", "planner imports only"),
+        ("planner/graph.py", "from roofplan.render import report\n", "planner imports only"),
+        ("search/study.py", "def f():\n    from validate.simulate import simulate_step\n", "search imports only"),
+        ("validate/run.py", "from roofplan.api import plan\n", "validate imports only"),
+        ("roofplan/api.py", "def f():\n    from validate.simulate import simulate_step\n", None),
+        ("roofplan/api.py", "from search.study import run_search\n", None),
+        ("planner/x.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import search\n", "planner imports only"),
+        ("planner/x.py", "if TYPE_CHECKING:\n    pass\nelse:\n    import search\n", "planner imports only"),
         ("planner/estimate.py", "def f():\n    import torch\n", "only validate imports torch"),
-        ("planner/render.py", "import torch.nn as nn\n", "only validate imports torch"),
+        ("roofplan/render.py", "import torch.nn as nn\n", "only validate imports torch"),
         ("hardware/x.py", "from einops import rearrange\n", "only validate imports torch"),
         ("validate/x.py", "import optuna\n", "only search imports optuna"),
-        ("planner/cli.py", "def f():\n    import optuna\n", "only search imports optuna"),
+        ("roofplan/cli.py", "def f():\n    import optuna\n", "only search imports optuna"),
         ("search/x.py", "import optuna\nfrom planner import estimate\n", None),
         ("validate/x.py", "import torch\nfrom einops import rearrange\n", None),
-        ("planner/__init__.py", "from planner import api\n", "re-export"),
-        ("planner/__init__.py", "from . import cli\n", "re-export"),
     ],
 )
 def test_checker_detects(rel: str, source: str, expected: str | None) -> None:
@@ -159,6 +213,19 @@ def test_checker_detects(rel: str, source: str, expected: str | None) -> None:
         assert found == []
     else:
         assert any(expected in problem for problem in found), found
+
+
+def test_cycle_finder_finds_lazy_and_package_cycles() -> None:
+    files = [
+        ("planner/ops/registry.py", "def load():\n    from planner.ops import norm\n"),
+        ("planner/ops/norm.py", "from planner.ops.registry import register\n"),
+        ("planner/ops/__init__.py", ""),
+    ]
+    cycle = find_cycle(import_graph(files))
+    assert cycle is not None and set(cycle) == {"planner.ops.registry", "planner.ops.norm"}
+    typed = [("a/x.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from a.y import Y\n"),
+             ("a/y.py", "from a.x import X\n")]
+    assert find_cycle(import_graph(typed)) is None
 
 
 def test_relative_imports_are_resolved() -> None:
@@ -177,9 +244,9 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
-def test_planner_imports_neither_torch_nor_optuna() -> None:
+def test_the_commands_import_neither_torch_nor_optuna() -> None:
     result = _python(
-        "import planner.cli, planner.api, planner.estimate, planner.render, planner.hardware_cli; import sys; "
+        "import roofplan.cli, roofplan.api, planner.estimate, roofplan.render, roofplan.hardware_cli; import sys; "
         "heavy = sorted(m for m in ('torch', 'optuna', 'einops', 'search', 'validate') if m in sys.modules); "
         "assert not heavy, heavy"
     )
@@ -190,7 +257,7 @@ def test_plan_runs_without_importing_torch_or_optuna() -> None:
     code = textwrap.dedent(
         """
         import contextlib, io, json, sys
-        from planner.cli import main
+        from roofplan.cli import main
         argv = ["--model", "tiny-llama", "--micro-batch", "2", "--precision", "fp32", "--checkpoint", "none"]
         with contextlib.redirect_stdout(io.StringIO()) as out:
             assert main([*argv, "--json"]) == 0

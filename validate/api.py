@@ -63,7 +63,7 @@ def _validate_data_parallel(plan: PlanResult, mode: RequestedMode, device: str |
         return simulate_rank(plan, progress)
     if not launched_by_torchrun():
         raise ConfigError(f"--mode run: this plan uses {gpus} GPUs; launch it with torchrun --nproc-per-node {gpus} "
-                          "-m validate PLAN.json --mode run (or --mode simulate for one rank in this process)")
+                          "-m roofplan validate PLAN.json --mode run (or --mode simulate for one rank in this process)")
     profile = load_hardware(hardware) if hardware is not None else None
     report = run_rank(plan, device or "cuda", steps, profile)
     if report is None:  # ranks other than 0 print nothing

@@ -1,7 +1,7 @@
 """Several GPUs: run a data-parallel plan across real ranks (torchrun), or emulate one rank.
 
-    torchrun --nproc-per-node N -m validate plan.json --mode run --device cuda   # NCCL
-    torchrun --nproc-per-node 2 -m validate plan.json --mode run --device cpu    # gloo
+    torchrun --nproc-per-node N -m roofplan validate plan.json --mode run --device cuda   # NCCL
+    torchrun --nproc-per-node 2 -m roofplan validate plan.json --mode run --device cpu    # gloo
 
 Every rank applies the plan (``validate.apply``: DDP with gradient buckets, ZeRO-1's
 ``ZeroRedundancyOptimizer``, ZeRO-2/3 as FSDP2 ``fully_shard``), trains on its own share of the

@@ -70,22 +70,6 @@ class ValidationReport(BaseModel):
     def passed(self) -> bool:
         return self.verdict is Verdict.PASS
 
-    def __rich__(self) -> object:  # rich.print(report)
-        from validate.render import report_group
-
-        return report_group(self)
-
-    def _repr_html_(self) -> str:  # notebooks
-        import io
-
-        from rich.console import Console
-
-        from validate.render import report_group
-
-        console = Console(record=True, width=110, file=io.StringIO())
-        console.print(report_group(self))
-        return console.export_html(inline_styles=True)
-
 
 def relative_error(measured: float | None, predicted: float | None) -> float | None:
     """measured / predicted - 1 (None when either side is missing)."""

@@ -2,6 +2,8 @@
 
 Modelled on ``torch.utils.flop_counter``'s ``register_flop_formula``: a decorator binds a
 function to kinds and refuses a second registration, and a test proves every ``OpKind`` has one.
+The families register themselves when imported; ``planner.ops.catalog`` imports them all and is
+where formulas are looked up (so this module imports no family: no import cycle).
 """
 
 from __future__ import annotations
@@ -25,20 +27,11 @@ def register(*kinds: OpKind) -> Callable[[Formula], Formula]:
     return decorate
 
 
-def formula_for(kind: OpKind) -> Formula:
-    _load_families()
+def registered(kind: OpKind) -> Formula:
+    """The formula registered for ``kind`` (``KeyError`` if its family is not imported)."""
     return _REGISTRY[kind]
 
 
 def registered_kinds() -> frozenset[OpKind]:
-    _load_families()
+    """The kinds registered so far."""
     return frozenset(_REGISTRY)
-
-
-def cost_of(spec: LayerSpec, ctx: OpContext) -> LayerCost:
-    return formula_for(spec.kind)(spec, ctx)
-
-
-def _load_families() -> None:
-    # Importing the family modules runs their @register decorators (once).
-    from planner.ops import attention, elementwise, embedding, linear, loss, norm  # noqa: F401

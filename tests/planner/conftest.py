@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner import api
 from planner.results import PlanResult
+from roofplan import api
 
 
 @pytest.fixture(scope="session")

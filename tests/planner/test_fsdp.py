@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner import api
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
 from planner.estimate import cached_graph, compute_spec, estimate, layout_for, static_for
@@ -17,6 +16,7 @@ from planner.knobs import Knobs
 from planner.parallel import ParallelConfig, model_state_bytes
 from planner.parallel_dims import ParallelDims
 from planner.strategies import strategy_for
+from roofplan import api
 
 HW = load_hardware("h100-sxm")
 # the probe model of docs/distributed_memory.md (Llama-shaped, 4 blocks)

@@ -123,7 +123,7 @@ def test_segment_checkpointing_matches_tracker(precision: str, segments: tuple[t
 
 def test_searched_plan_matches_tracker() -> None:
     """What the search chooses under a tight cap is what PyTorch allocates."""
-    from planner import api
+    from roofplan import api
 
     training = TrainConfig(seq_len=256, global_batch_size=8, optimizer_impl="fused")
     loose = estimate(SMALL, training, HW, Knobs(micro_batch_size=8, precision="bf16-mixed"))

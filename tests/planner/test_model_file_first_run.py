@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from planner import api
-from planner.cli import main as plan_main
 from planner.config import ModelConfig
 from planner.errors import ConfigError, ConfigWarning
+from roofplan import api
+from roofplan.cli import main as plan_main
 
 MINIMAL = """\
 model:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner import api
 from planner.estimate import cached_graph, estimate, static_for
 from planner.knobs import Knobs
 from planner.parallel import (
@@ -18,6 +17,7 @@ from planner.parallel import (
     zero1_partition,
 )
 from planner.precision import precision_spec
+from roofplan import api
 
 GB = 1e9
 

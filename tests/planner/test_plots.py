@@ -16,13 +16,13 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from planner import api  # noqa: E402
-from planner.cli import build_parser  # noqa: E402
-from planner.cli import main as plan_main  # noqa: E402
 from planner.errors import InfeasibleError  # noqa: E402
-from planner.plots import CHARTS, memory_figure, pareto_figure, write_plots  # noqa: E402
-from planner.render import zero_label  # noqa: E402
 from planner.results import PlanResult  # noqa: E402
+from roofplan import api  # noqa: E402
+from roofplan.cli import build_parser  # noqa: E402
+from roofplan.cli import main as plan_main  # noqa: E402
+from roofplan.plots import CHARTS, memory_figure, pareto_figure, write_plots  # noqa: E402
+from roofplan.render import zero_label  # noqa: E402
 
 GB = 1e9
 

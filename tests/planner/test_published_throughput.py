@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner import api
 from planner.knobs import Knobs
+from roofplan import api
 
 GPUS = 64
 TOLERANCE = 0.10

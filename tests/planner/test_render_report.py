@@ -9,10 +9,10 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from planner import api
 from planner.precision import PRECISION_SPECS, PrecisionPolicy
-from planner.render import NOT_MODELLED, alternatives_table, ops_table, report, sharding_label, time_table
 from planner.results import PlanResult
+from roofplan import api
+from roofplan.render import NOT_MODELLED, alternatives_table, ops_table, report, sharding_label, time_table
 
 
 def text_of(renderable: object) -> str:
@@ -79,7 +79,7 @@ def test_precision_that_trains_like_fp32_says_nothing(single: PlanResult) -> Non
 
 def test_cli_bf16_true_report_says_what_it_trades(capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from planner.cli import main
+    from roofplan.cli import main
 
     monkeypatch.setenv("COLUMNS", "200")
     code = main(["--model", "tiny-llama", "--precision", "bf16-true", "--micro-batch", "2", "--checkpoint", "none"])

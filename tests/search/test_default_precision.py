@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner import api
 from planner.config import ModelConfig, TrainConfig
 from planner.precision import PrecisionPolicy, precision_spec
+from roofplan import api
 from search.space import build_space
 
 TINY = ModelConfig(family="llama", n_layers=2, d_model=64, n_heads=4, d_ff=128, vocab_size=256, max_seq_len=128)

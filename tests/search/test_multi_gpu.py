@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner import api
-from planner.cli import main as plan_main
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, InfeasibleError
+from roofplan import api
+from roofplan.cli import main as plan_main
 
 
 def _best(model: ModelConfig, training: TrainConfig, hw: str, cap: int, gpus: int, sampler: str) -> float | None:
@@ -104,7 +104,7 @@ def test_cli_flags_and_plan_file(tmp_path, capsys: pytest.CaptureFixture[str]) -
     assert json.loads(out.read_text())["parallel"]["world_size"] == 4
     assert plan_main(["--model", "tiny-llama", "--gpus", "3"]) == 2
     assert "--gpus" in capsys.readouterr().err
-    from validate.cli import main as validate_main
+    from roofplan.validate_cli import main as validate_main
 
     assert validate_main([str(out), "--mode", "simulate"]) == 0  # one rank emulated in this process
     assert "PASS" in capsys.readouterr().out
@@ -122,7 +122,7 @@ def test_cli_gradient_sync_on_the_last_micro_batch(tmp_path, capsys: pytest.Capt
     assert code == 0
     knobs = data["best"]["knobs"]
     assert knobs["fsdp_grad_sync"] == "last" and knobs["grad_accum_steps"] == 4
-    from validate.cli import main as validate_main
+    from roofplan.validate_cli import main as validate_main
 
     assert validate_main([str(out), "--mode", "simulate"]) == 0
     assert "PASS" in capsys.readouterr().out

@@ -56,7 +56,7 @@ def _setup(family: str, precision: str, attention: str, accum: int, n_layers: in
     walked = {}
     for bits in itertools.product((0, 1), repeat=n_layers):
         units = checkpoint_units(n_layers, [i for i, b in enumerate(bits) if b])
-        walked[bits] = simulate_step(graph, static, HW.round_alloc, units, accum).peak.bytes
+        walked[bits] = simulate_step(graph, static, HW.round_alloc, units, knobs.schedule).peak.bytes
     return model, training, knobs, graph, static, walked
 
 
@@ -65,7 +65,7 @@ def test_solver_equals_brute_force(family: str, precision: str, attention: str, 
                                    gpus: int, stage: int, sync: str) -> None:
     model, training, knobs, graph, static, walked = _setup(family, precision, attention, accum, n_layers, vocab,
                                                            gpus, stage, sync)
-    profile = placement_profile(graph, static, HW.round_alloc, accum)
+    profile = placement_profile(graph, static, HW.round_alloc, knobs.schedule)
     wrong = [bits for bits, peak in walked.items() if profile.peak(bits) != peak]
     assert not wrong, f"{len(wrong)} of {len(walked)} placements priced differently from the walk, e.g. {wrong[0]}"
     best_by_count = profile.min_peak_by_count()

@@ -18,9 +18,9 @@ import pytest
 
 from hardware.registry import load_hardware
 from hardware.units import format_bytes
-from planner import api
-from planner.cli import main as plan_main
 from planner.results import PlanResult
+from roofplan import api
+from roofplan.cli import main as plan_main
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny-llama", "--global-batch", "8"]
@@ -384,8 +384,8 @@ def test_infeasible_advice_names_the_fused_optimizer_when_its_temporaries_make_t
     """Short sequences, everything checkpointed: the peak is the foreach AdamW step's
     parameter-sized temporaries. The advice's figure for --optimizer-impl fused is that plan's own
     device footprint (here the backward peak then decides, as the advice warns)."""
-    from planner.advice import infeasible_message
     from planner.knobs import Knobs
+    from roofplan.advice import infeasible_message
 
     model, training = api.load_model("llama2-7b", seq_len=128, global_batch_size=1)
     knobs = Knobs(micro_batch_size=1, grad_accum_steps=1, precision="bf16-mixed", checkpoint_blocks=tuple(range(32)))
@@ -441,7 +441,7 @@ def test_bad_search_values_exit_2(case: str, tmp_path: Path, capsys: pytest.Capt
 
 def test_bad_storage_subprocess_no_traceback(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "planner.cli", *TINY, "--storage", "notaurl://x", "--study-name", "s"],
+        [sys.executable, "-m", "roofplan.cli", *TINY, "--storage", "notaurl://x", "--study-name", "s"],
         check=False, capture_output=True, text=True, cwd=REPO, env={**os.environ, "COLUMNS": "120"}, timeout=120,
     )
     assert_one_line_error(result.returncode, result.stdout, result.stderr, "--storage")

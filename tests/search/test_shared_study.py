@@ -18,7 +18,7 @@ from test_search_cli import DEFAULT_PRECISIONS, DIVISORS_OF_8, REPO, TINY, call,
 
 def _start_worker(url: str, seed: int, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "planner.cli", "--model", "tiny-llama", "--global-batch", "16", "--storage", url,
+        [sys.executable, "-m", "roofplan.cli", "--model", "tiny-llama", "--global-batch", "16", "--storage", url,
          "--study-name", "shared", "--trials", "6", "--seed", str(seed), "--json"],
         cwd=REPO, env={**os.environ, "COLUMNS": "120", **(env or {})}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,

@@ -13,13 +13,13 @@ import json
 import pytest
 
 from hardware.registry import load_hardware
-from planner import api
-from planner.cli import main as plan_main
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import InfeasibleError
 from planner.estimate import estimate
 from planner.knobs import GradSync, Knobs
 from planner.precision import PrecisionPolicy
+from roofplan import api
+from roofplan.cli import main as plan_main
 from search.candidates import segment_plans
 from search.scaling import fewest_gpus
 from search.smallest import first_fitting, smallest_plan

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hardware.registry import load_hardware
-from planner import api
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import InfeasibleError
+from roofplan import api
 
 PROFILES = ("h100-sxm", "a100-sxm-40gb", "l4", "h200")
 

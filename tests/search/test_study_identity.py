@@ -17,8 +17,8 @@ from test_search_cli import DEFAULT_PRECISIONS, DIVISORS_OF_8, REPO, TINY, asser
 
 import search.identity
 from hardware.registry import load_hardware
-from planner import api
 from planner.errors import ConfigError
+from roofplan import api
 from search.identity import study_identity
 from search.space import build_space
 
@@ -185,7 +185,7 @@ def test_two_processes_of_different_workloads_racing(tmp_path: Path) -> None:
     """Started together on one fresh study: exactly one creates it and plans; the other is refused."""
     url = sqlite_url(tmp_path / "race.db")
     optuna.storages.RDBStorage(url)  # optuna's tables first (test_shared_study covers that race)
-    procs = [subprocess.Popen([sys.executable, "-m", "planner.cli", *_args(url, "--seq-len", seq)], cwd=REPO,
+    procs = [subprocess.Popen([sys.executable, "-m", "roofplan.cli", *_args(url, "--seq-len", seq)], cwd=REPO,
                               env={**os.environ, "COLUMNS": "120"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for seq in ("64", "128")]
     try:

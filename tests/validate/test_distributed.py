@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner import api  # noqa: E402
 from planner.config import ModelConfig, TrainConfig  # noqa: E402
 from planner.knobs import Knobs  # noqa: E402
+from roofplan import api  # noqa: E402
 from validate.api import validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,25 +35,25 @@ GLOO_CASES = [(0, 1, "fp32", "every"), (1, 2, "fp32", "every"), (2, 2, "fp32", "
 
 # torchrun starts each rank as `python WORKER plan0.json plan1.json ...`; the worker validates
 # every plan with `--mode run --device cpu --steps 1 --json`, one after another in the same two
-# ranks. The first plan runs exactly as `torchrun -m validate PLAN ...` does (validate/__main__.py,
+# ranks. The first plan runs exactly as `torchrun -m roofplan validate PLAN ...` does (roofplan/__main__.py,
 # which creates, and afterwards destroys, the gloo process group); the others go through the same
-# CLI (validate.cli.main) in one group the worker creates under its own store prefix (creating a
+# CLI (roofplan.validate_cli.main) in one group the worker creates under its own store prefix (creating a
 # second default group on torchrun's store races with the first one's keys: a rank can join the
 # old group and hang). Rank 0 prints one line per plan; a rank that fails ends the launch (the
 # other would wait in a collective).
 GLOO_WORKER = """
 import contextlib, io, json, os, runpy, sys
 import torch.distributed as dist
-from validate.cli import main
+from roofplan.validate_cli import main
 
 def validate(index, path, as_module=False):
     argv = [path, "--mode", "run", "--device", "cpu", "--steps", "1", "--json"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        if as_module:  # python -m validate ARGV
-            sys.argv = ["validate", *argv]
+        if as_module:  # python -m roofplan validate ARGV
+            sys.argv = ["roofplan", "validate", *argv]
             try:
-                runpy.run_module("validate", run_name="__main__", alter_sys=True)
+                runpy.run_module("roofplan", run_name="__main__", alter_sys=True)
                 code = 0
             except SystemExit as stop:
                 code = stop.code or 0
@@ -201,8 +201,8 @@ def test_a_rank_out_of_memory_is_one_line_and_exit_status_1(tmp_path: Path, monk
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """A torchrun rank that runs out of memory says so in one line and exits 1 (torchrun then stops
     the others); CPU tensors never raise OutOfMemoryError, so the step raises it here."""
+    from roofplan.validate_cli import main
     from validate import distributed
-    from validate.cli import main
 
     plan = _plan(2, 3, precision="bf16-mixed").save(tmp_path / "plan.json")
 
@@ -227,8 +227,8 @@ def test_a_rank_out_of_memory_is_one_line_and_exit_status_1(tmp_path: Path, monk
 def test_a_rank_whose_process_group_fails_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """NCCL or gloo failing in a collective (say, it cannot allocate) is one line too, not a traceback."""
+    from roofplan.validate_cli import main
     from validate import distributed
-    from validate.cli import main
 
     plan = _plan(2, 3, precision="bf16-mixed").save(tmp_path / "plan.json")
 

@@ -14,16 +14,16 @@ torch = pytest.importorskip("torch")
 
 from hardware.profile import HardwareProfile  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
-from planner import api  # noqa: E402
 from planner.config import ModelConfig, TrainConfig  # noqa: E402
 from planner.estimate import cached_graph, estimate  # noqa: E402
 from planner.knobs import Knobs  # noqa: E402
 from planner.precision import precision_spec  # noqa: E402
 from planner.results import PlanResult  # noqa: E402
+from roofplan import api  # noqa: E402
+from roofplan.validate_cli import main as validate_main  # noqa: E402
 from validate import calibrate as calibrate_module  # noqa: E402
 from validate import run as run_module  # noqa: E402
 from validate.api import validate  # noqa: E402
-from validate.cli import main as validate_main  # noqa: E402
 from validate.report import Verdict  # noqa: E402
 
 SMALL = ModelConfig(family="llama", name="small-llama", n_layers=4, d_model=256, n_heads=8, n_kv_heads=4,
@@ -293,7 +293,7 @@ def _exit_code(argv: list[str]) -> int:
 
 
 def test_hardware_calibrate_writes_a_profile_plan_accepts(tmp_path: Path) -> None:
-    from planner.hardware_cli import main as hardware_main
+    from roofplan.hardware_cli import main as hardware_main
 
     out = tmp_path / "cpu.yaml"
     assert hardware_main(["calibrate", "--device", "cpu", "--out", str(out)]) == 0
@@ -307,7 +307,7 @@ def test_hardware_calibrate_writes_a_profile_plan_accepts(tmp_path: Path) -> Non
 
 
 def test_plan_then_validate_in_one_go(capsys: pytest.CaptureFixture[str]) -> None:
-    from planner.cli import main as plan_main
+    from roofplan.cli import main as plan_main
 
     code = plan_main(["--model", "tiny-llama", "--micro-batch", "8", "--precision", "fp32", "--checkpoint", "0",
                       "--validate", "--validate-mode", "simulate", "--json"])

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from hardware.units import format_bytes
+from roofplan.results import html_of
 from validate.report import ValidationReport
 
 
@@ -52,3 +53,21 @@ def report_group(report: ValidationReport) -> Group:
 
 def print_report(report: ValidationReport, console: Console | None = None) -> None:
     (console or Console()).print(report_group(report))
+
+
+class Validation(ValidationReport):
+    """A ``ValidationReport`` that renders as the ``validate`` report (what ``roofplan.api.validate``
+    returns: ``rich.print(report)`` prints it, a notebook shows it as HTML)."""
+
+    def __rich__(self) -> RenderableType:
+        return report_group(self)
+
+    def _repr_html_(self) -> str:  # notebooks
+        return html_of(report_group(self), 110)
+
+
+def shown_validation(report: ValidationReport) -> Validation:
+    """The same report (no copy of its fields), as a ``Validation``."""
+    if isinstance(report, Validation):
+        return report
+    return Validation.model_construct(_fields_set=report.model_fields_set, **dict(report))

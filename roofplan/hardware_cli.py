@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from hardware.errors import PlannerError
 from hardware.registry import DEFAULT_HARDWARE, bundled_names, load_hardware
 from hardware.units import format_bytes
-from planner.cli_support import OneLineParser
+from roofplan.cli_support import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +44,7 @@ def _calibrate(device: str, out: str, name: str | None) -> None:
         from validate.calibrate import calibrate
     except ImportError:
         raise ConfigError("calibrate: needs torch; pip install torch (or roofplan[validate])") from None
-    from planner.cli_support import StageProgress
+    from roofplan.cli_support import StageProgress
 
     with StageProgress(sys.stderr.isatty(), "calibrate") as progress:
         progress(f"timing matmuls per precision, streaming bandwidth and kernel launches on {device}")

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hardware.errors import PlannerError
-from planner.cli_support import OneLineParser, StageProgress
+from roofplan.cli_support import OneLineParser, StageProgress
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report.model_dump(mode="json"), indent=2))
     else:
-        from validate.render import print_report
+        from roofplan.validate_render import print_report
 
         print_report(report)
     return 0 if report.passed else 1

@@ -1,6 +1,6 @@
 """The Python API: everything the CLI does, as plain calls returning frozen, JSON-ready models.
 
-    from planner import api
+    from roofplan import api
     model, training = api.load_model("llama3-8b", seq_len=4096)
     result = api.estimate_plan(model, training, "h100-sxm", api.Knobs(micro_batch_size=1, grad_accum_steps=512))
     print(result.best.estimate.memory.peak_allocated_bytes)
@@ -21,7 +21,6 @@ from hardware.profile import HardwareProfile
 from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes, parse_bytes
 from hardware.validation import describe_validation_error
-from planner.advice import infeasible_message
 from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import estimate
@@ -32,6 +31,8 @@ from planner.parallel_dims import ParallelDims
 from planner.params import count_params
 from planner.precision import PrecisionPolicy
 from planner.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
+from roofplan.advice import infeasible_message
+from roofplan.results import Plan
 
 
 def load_model(
@@ -92,7 +93,7 @@ def estimate_plan(
     hw = load_hardware(hardware)
     cap = hbm_cap(hw, hbm)
     result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap, gpus_per_node=gpus_per_node)
-    return PlanResult(
+    return Plan(
         model=summarize_model(model),
         training=training,
         hardware=hw,
@@ -183,12 +184,12 @@ def plan(
     if outcome.best is None:
         if outcome.closest is None:
             raise InfeasibleError(f"nothing fits in {cap} bytes on {hw.name}, and no plan could be priced")
-        closest = PlanResult(model=summarize_model(model), training=training, hardware=hw, hbm_cap_bytes=cap,
+        closest = Plan(model=summarize_model(model), training=training, hardware=hw, hbm_cap_bytes=cap,
                              parallel=parallel, best=outcome.closest, search=outcome.stats)
         raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, _scale_out(
             model, training, hw, cap, space.precisions, gpus, gpus_per_node, grad_sync, allow_segments)),
             closest=closest)
-    return PlanResult(
+    return Plan(
         model=summarize_model(model),
         training=training,
         hardware=hw,
@@ -226,13 +227,16 @@ def validate(
     progress: Callable[[str], None] | None = None,
 ) -> Any:
     """Run ``plan`` (a PlanResult or a plan file) in PyTorch and compare: returns a
-    ``validate.report.ValidationReport``. Imports torch (lazily, here). ``progress`` is called
-    with each stage's description as it starts."""
+    ``validate.report.ValidationReport`` (``rich.print`` shows it). Imports torch (lazily, here).
+    ``progress`` is called with each stage's description as it starts."""
     try:
         from validate.api import validate as run_validation
     except ImportError:
         raise ConfigError("validate: needs torch; pip install torch (or roofplan[validate])") from None
-    return run_validation(plan, mode=mode, device=device, steps=steps, hardware=hardware, progress=progress)
+    from roofplan.validate_render import shown_validation
+
+    return shown_validation(run_validation(plan, mode=mode, device=device, steps=steps, hardware=hardware,
+                                           progress=progress))
 
 
 def _policies(precisions: Sequence[str] | str | None) -> tuple[PrecisionPolicy, ...] | None:
@@ -266,6 +270,7 @@ __all__ = [
     "ParallelConfig",
     "ParetoPoint",
     "PlanEntry",
+    "Plan",
     "PlanResult",
     "SearchStats",
     "TrainConfig",

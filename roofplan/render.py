@@ -13,10 +13,10 @@ from planner.knobs import GradSync, Knobs
 from planner.memory import Category
 from planner.optimizer import optimizer_spec
 from planner.precision import precision_spec
-from planner.time_sources import time_sources
+from roofplan.time_sources import time_sources
 
 if TYPE_CHECKING:
-    from planner.api import PlanResult
+    from planner.results import PlanResult
 
 
 # How PyTorch runs each ZeRO stage (``Knobs.zero_stage``) in the plans this planner models.
@@ -291,11 +291,3 @@ def report(result: PlanResult) -> Group:
 
 def print_report(result: PlanResult, console: Console | None = None) -> None:
     (console or Console()).print(report(result))
-
-
-def render_html(result: PlanResult) -> str:
-    import io
-
-    console = Console(record=True, width=120, file=io.StringIO())
-    console.print(report(result))
-    return console.export_html(inline_styles=True)

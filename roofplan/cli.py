@@ -1,4 +1,4 @@
-"""``plan``: the command line, a thin layer over ``planner.api``.
+"""``plan``: the command line, a thin layer over ``roofplan.api``.
 
 Exit codes: 0 success, 1 nothing fits (the estimate says so), 2 bad input. User errors print
 one line, never a traceback.
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hardware.errors import PlannerError
-from planner.cli_support import OneLineParser
+from roofplan.cli_support import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from planner import api
     from planner.errors import ConfigError
+    from roofplan import api
 
     model, training = api.load_model(
         args.model,
@@ -88,12 +88,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         result.save(args.out)
     if args.plot:
-        from planner.plots import write_plots
+        from roofplan.plots import write_plots
 
         written = write_plots(result, args.plot)
     report = None
     if args.validate:
-        from planner.cli_support import StageProgress
+        from roofplan.cli_support import StageProgress
 
         with StageProgress(sys.stderr.isatty(), "validate") as progress:
             report = api.validate(result, mode=args.validate_mode, device=args.validate_device, progress=progress)
@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
             data["validation"] = report.model_dump(mode="json")
         print(json.dumps(data, indent=2))
     else:
-        from planner.render import print_report
+        from roofplan.render import print_report
 
         print_report(result)
         if args.out:
@@ -111,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"charts written: {', '.join(str(p) for p in written)}")
         if report is not None:
-            from validate.render import print_report as print_validation
+            from roofplan.validate_render import print_report as print_validation
 
             print_validation(report)
     fits = result.best.estimate.memory.fits
@@ -149,7 +149,7 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
         if args.json and error.closest is not None:
             print(json.dumps(error.closest.model_dump(mode="json"), indent=2))  # type: ignore[attr-defined]
         if args.plot and error.closest is not None:
-            from planner.plots import write_plots
+            from roofplan.plots import write_plots
 
             written = write_plots(error.closest, args.plot)  # type: ignore[arg-type]
             print(f"charts of the smallest plan written: {', '.join(str(p) for p in written)}", file=sys.stderr)

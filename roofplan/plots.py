@@ -64,7 +64,7 @@ def _axes(width: float) -> tuple[Figure, Axes]:
 
 def chart_title(result: PlanResult, what: str) -> str:
     """``model on 8 × h100-sxm, ZeRO-2 (FSDP2) × 8 GPUs: what``; a first line says when it does not fit."""
-    from planner.render import zero_label
+    from roofplan.render import zero_label
 
     knobs, memory = result.best.knobs, result.best.estimate.memory
     where = result.hardware.name
@@ -114,7 +114,7 @@ def _trace(result: PlanResult) -> tuple[list[int], Any]:
     graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
-    timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.grad_accum_steps, record_trace=True)
+    timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.schedule, record_trace=True)
     return [e.live_bytes for e in timeline.trace], static
 
 

@@ -1,0 +1,197 @@
+"""One description of the model: every op of a training step's forward, in order.
+
+Each ``OpDesc`` names its op after the reference model's module (``blocks.3.attn.q_proj``), says
+which tensors it consumes, which parameters it owns (state-dict names and shapes) and how tensor
+parallelism splits it (``TpRole``, as PyTorch's ``parallelize_module`` styles do). The layer
+graph (``planner.graph``) and the parameter list (``planner.params``) are both generated from
+it, and a strategy that shards the model (``planner.strategies``) rewrites the description
+before the graph is built. ``validate.reference_model`` registers the same modules under the
+same names, in the same order (tests/planner/test_blocks.py checks it against torch).
+
+Per block (pre-norm, Llama form; GPT-2 swaps SwiGLU for GELU and adds biases):
+``attn_norm -> q, k, v -> [rotary] -> core -> o -> [dropout] -> + x -> mlp_norm ->
+[gate -> act], up -> [glu | act] -> down -> [dropout] -> + x``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from functools import lru_cache
+
+from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind
+from planner.ops.base import OpKind, ParamTensor
+
+
+class TpRole(StrEnum):
+    """How tensor parallelism runs an op (torch.distributed.tensor.parallel styles)."""
+
+    REPLICATE = "replicate"  # every rank runs the whole op on the whole tensor
+    COLWISE = "colwise"  # ColwiseParallel: out_features split, weight rows Shard(0)
+    ROWWISE = "rowwise"  # RowwiseParallel: in_features split, weight Shard(1), output partial sums
+    HEADS = "heads"  # runs on the rank's attention heads (attention core)
+    LOCAL = "local"  # elementwise on what a colwise op produced (activations, rotary)
+    SEQUENCE = "sequence"  # token-wise op of the residual stream: sequence-sharded under SP
+    VOCAB = "vocab"  # embedding rows / LM head columns / loss split over the vocabulary
+
+
+@dataclass(frozen=True)
+class OpDesc:
+    """One op of the forward. ``fields`` are ``LayerSpec`` fields (sizes, bias, dropout...)."""
+
+    name: str
+    kind: OpKind
+    inputs: tuple[str, ...] = ()
+    block: int | None = None
+    params: tuple[ParamTensor, ...] = ()
+    fields: tuple[tuple[str, object], ...] = ()
+    tp: TpRole = TpRole.REPLICATE
+    shape_of: str | None = None  # takes only the shape of this tensor (the rotary tables)
+
+    def field(self, key: str, default: object = None) -> object:
+        return dict(self.fields).get(key, default)
+
+    def with_fields(self, **updates: object) -> OpDesc:
+        merged = dict(self.fields)
+        merged.update(updates)
+        return replace(self, fields=tuple(sorted(merged.items())))
+
+
+@dataclass(frozen=True)
+class ModelDesc:
+    """The ops in execution order, and which tensors a Python frame keeps alive beyond their
+    last use (a module's arguments live until its ``forward`` returns): tensor -> the op whose
+    completion ends the frame."""
+
+    ops: tuple[OpDesc, ...]
+    held_until: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def params(self) -> dict[str, ParamTensor]:
+        """Unique parameter tensors in registration order (a tied weight once)."""
+        out: dict[str, ParamTensor] = {}
+        for op in self.ops:
+            for p in op.params:
+                out.setdefault(p.name, p)
+        return out
+
+
+def _linear(name: str, block: int | None, x: str, i: int, o: int, bias: bool, tp: TpRole,
+            owns: bool = True, shared: ParamTensor | None = None) -> OpDesc:
+    weight = shared or ParamTensor(name=f"{name}.weight", numel=i * o, rows=o)
+    params: tuple[ParamTensor, ...] = (weight,)
+    if bias:
+        params += (ParamTensor(name=f"{name}.bias", numel=o),)
+    fields = {"in_features": i, "out_features": o, "bias": bias}
+    if not owns:
+        fields["owns_params"] = False
+    return OpDesc(name=name, kind=OpKind.LINEAR, inputs=(x,), block=block, params=params,
+                  fields=tuple(sorted(fields.items())), tp=tp)
+
+
+def _norm(model: ModelConfig, name: str, block: int | None, x: str) -> OpDesc:
+    layernorm = model.norm is NormKind.LAYERNORM
+    params: tuple[ParamTensor, ...] = (ParamTensor(name=f"{name}.weight", numel=model.d_model),)
+    if layernorm and model.norm_bias:
+        params += (ParamTensor(name=f"{name}.bias", numel=model.d_model),)
+    return OpDesc(name=name, kind=OpKind.LAYERNORM if layernorm else OpKind.RMSNORM, inputs=(x,), block=block,
+                  params=params, fields=(("in_features", model.d_model),), tp=TpRole.SEQUENCE)
+
+
+def _simple(name: str, kind: OpKind, block: int | None, *inputs: str, tp: TpRole = TpRole.SEQUENCE,
+            dropout: float = 0.0) -> OpDesc:
+    return OpDesc(name=name, kind=kind, inputs=inputs, block=block, tp=tp,
+                  fields=(("dropout", dropout),) if dropout else ())
+
+
+def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | None
+              ) -> tuple[list[OpDesc], list[tuple[str, str]], str]:
+    """Block ``b``'s ops (taking the residual stream ``x``), its frame holds, and its output."""
+    m = model
+    n, k, h, d = m.n_heads, m.kv_heads, m.head_dim, m.d_model
+    p = f"blocks.{b}"
+    ops: list[OpDesc] = []
+    holds: list[tuple[str, str]] = []
+
+    def add(op: OpDesc) -> str:
+        ops.append(op)
+        return op.name
+
+    normed = add(_norm(m, f"{p}.attn_norm", b, x))
+    q = add(_linear(f"{p}.attn.q_proj", b, normed, d, n * h, bool(m.qkv_bias), TpRole.COLWISE))
+    kk = add(_linear(f"{p}.attn.k_proj", b, normed, d, k * h, bool(m.qkv_bias), TpRole.COLWISE))
+    v = add(_linear(f"{p}.attn.v_proj", b, normed, d, k * h, bool(m.qkv_bias), TpRole.COLWISE))
+    qk: tuple[str, ...] = (q, kk)
+    if rope is not None:
+        qk = (add(_simple(f"{p}.attn.rotary", OpKind.ROTARY, b, q, kk, rope, tp=TpRole.LOCAL)),)
+    eager = m.attention is AttentionImpl.EAGER
+    core_fields: dict[str, object] = {"n_heads": n, "n_kv_heads": k, "head_dim": h, "dropout": m.dropout,
+                                      "attention_kernel": m.attention_kernel}
+    core = add(OpDesc(name=f"{p}.attn.core", kind=OpKind.ATTENTION_EAGER if eager else OpKind.ATTENTION_FLASH,
+                      inputs=(*qk, v) + ((mask,) if eager and mask is not None else ()), block=b,
+                      fields=tuple(sorted(core_fields.items())), tp=TpRole.HEADS))
+    attn = add(_linear(f"{p}.attn.o_proj", b, core, n * h, d, bool(m.attn_out_bias), TpRole.ROWWISE))
+    holds.append((normed, attn))  # Attention.forward's argument
+    if m.dropout > 0:
+        attn = add(_simple(f"{p}.attn_dropout", OpKind.DROPOUT, b, attn, dropout=m.dropout))
+    x = add(_simple(f"{p}.attn_residual", OpKind.RESIDUAL_ADD, b, x, attn))
+    normed = add(_norm(m, f"{p}.mlp_norm", b, x))
+    bias = bool(m.mlp_bias)
+    if m.mlp is MlpKind.SWIGLU:
+        gate = add(_linear(f"{p}.mlp.gate_proj", b, normed, d, m.d_ff, bias, TpRole.COLWISE))
+        act = add(_simple(f"{p}.mlp.act", OpKind.SILU, b, gate, tp=TpRole.LOCAL))
+        up = add(_linear(f"{p}.mlp.up_proj", b, normed, d, m.d_ff, bias, TpRole.COLWISE))
+        hidden = add(_simple(f"{p}.mlp.glu", OpKind.GLU_MUL, b, act, up, tp=TpRole.LOCAL))
+    else:
+        up = add(_linear(f"{p}.mlp.up_proj", b, normed, d, m.d_ff, bias, TpRole.COLWISE))
+        hidden = add(_simple(f"{p}.mlp.act", OpKind.GELU, b, up, tp=TpRole.LOCAL))
+    mlp = add(_linear(f"{p}.mlp.down_proj", b, hidden, m.d_ff, d, bias, TpRole.ROWWISE))
+    holds.append((normed, mlp))  # Mlp.forward's argument
+    if m.dropout > 0:
+        mlp = add(_simple(f"{p}.mlp_dropout", OpKind.DROPOUT, b, mlp, dropout=m.dropout))
+    out = add(_simple(f"{p}.mlp_residual", OpKind.RESIDUAL_ADD, b, x, mlp))
+    return ops, holds, out
+
+
+@lru_cache(maxsize=64)
+def describe(model: ModelConfig) -> ModelDesc:
+    """The whole model: embedding, positions, the blocks, final norm, LM head, loss."""
+    m = model
+    ops: list[OpDesc] = []
+    holds: list[tuple[str, str]] = []
+
+    def add(op: OpDesc) -> str:
+        ops.append(op)
+        return op.name
+
+    embed_param = ParamTensor(name="embed.weight", numel=m.vocab_size * m.d_model, rows=m.vocab_size)
+    x = add(OpDesc(name="embed", kind=OpKind.EMBEDDING, params=(embed_param,), tp=TpRole.VOCAB,
+                   fields=(("in_features", m.vocab_size), ("out_features", m.d_model))))
+    if m.positions is PositionKind.LEARNED:
+        rows = m.position_rows
+        pos = add(OpDesc(name="pos_embed", kind=OpKind.POS_EMBEDDING, tp=TpRole.SEQUENCE,
+                         params=(ParamTensor(name="pos_embed.weight", numel=rows * m.d_model, rows=rows),),
+                         fields=(("in_features", rows), ("out_features", m.d_model))))
+        x = add(_simple("embed_add", OpKind.RESIDUAL_ADD, None, x, pos))
+    if m.dropout > 0:
+        x = add(_simple("embed_dropout", OpKind.DROPOUT, None, x, dropout=m.dropout))
+    rope = None
+    if m.positions is PositionKind.ROTARY:
+        rope = add(OpDesc(name="rope", kind=OpKind.ROPE_TABLES, fields=(("head_dim", m.head_dim),), shape_of=x))
+    mask = None
+    if m.attention is AttentionImpl.EAGER:
+        mask = add(OpDesc(name="causal_mask", kind=OpKind.CAUSAL_MASK))
+    for b in range(m.n_layers):
+        block, block_holds, x = block_ops(m, b, x, rope, mask)
+        ops.extend(block)
+        holds.extend(block_holds)
+    x = add(_norm(m, "final_norm", None, x))
+    tied = bool(m.tie_embeddings)
+    logits = add(_linear("lm_head", None, x, m.d_model, m.vocab_size, False, TpRole.VOCAB, owns=not tied,
+                         shared=embed_param if tied else None))
+    # the graph builder casts low-precision logits to fp32 before the loss (``.float()``)
+    loss = add(OpDesc(name="loss", kind=OpKind.CROSS_ENTROPY, inputs=(logits,), tp=TpRole.VOCAB))
+    for shared in (rope, mask):  # locals of Transformer.forward: alive for the whole forward
+        if shared is not None:
+            holds.append((shared, loss))
+    return ModelDesc(ops=tuple(ops), held_until=tuple(holds))

@@ -1,0 +1,64 @@
+"""A step as a schedule of (micro-batch, phase) events: what the memory walk visits in order and
+what the time sum adds up.
+
+Plain gradient accumulation is the trivial schedule: ``F0 B0 F1 B1 ... F(A-1) B(A-1) OPT``. Its
+micro-batches all have the same shapes, so the walk visits a few representative ones and each
+stands for the events it repeats (``Event.repeats``, the weight in the time sum):
+
+- the first micro-batch allocates the parameter gradients (or starts FSDP2's accumulation);
+- the second stands for every middle one: the same allocations, gradients already there;
+- the last one reduces gradients where only the last one syncs (``sync_last``: FSDP2 with
+  ``set_requires_gradient_sync(False)`` on the others); with every micro-batch syncing it
+  repeats the second, so it is not walked.
+
+A pipeline schedule (1F1B, interleaved) is another order of the same events, several
+micro-batches in flight at once; the walk keeps one state per micro-batch, so it runs them as
+listed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.memory_types import Phase
+
+
+@dataclass(frozen=True)
+class Event:
+    micro_batch: int
+    phase: Phase  # FORWARD, BACKWARD (with its recomputation) or OPTIMIZER
+    repeats: int = 1  # events of the full schedule this one stands for
+    sync: bool = True  # a backward that reduces gradients (DDP's last micro-batch, FSDP2's reduce-scatters)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    events: tuple[Event, ...]  # the walked events, in order
+    n_micro_batches: int
+
+    def count(self, phase: Phase) -> int:
+        """How many events of ``phase`` the full step has."""
+        return sum(e.repeats for e in self.events if e.phase is phase)
+
+    @property
+    def micro_batches(self) -> tuple[int, ...]:
+        """The walked micro-batches, in order of their forward."""
+        return tuple(e.micro_batch for e in self.events if e.phase is Phase.FORWARD)
+
+
+def accumulation(n_micro_batches: int, sync_last: bool = False) -> Schedule:
+    """The trivial schedule of ``n_micro_batches`` accumulated micro-batches (see the module
+    docstring for which are walked). ``sync_last``: only the last micro-batch reduces gradients."""
+    n = n_micro_batches
+    if n < 1:
+        raise ValueError(f"a step needs at least one micro-batch, got {n}")
+    if sync_last and n > 2:
+        walked = [(0, 1), (1, n - 2), (n - 1, 1)]
+    else:
+        walked = [(0, 1)] + ([(1, n - 1)] if n > 1 else [])
+    events: list[Event] = []
+    for mb, repeats in walked:
+        sync = not sync_last or mb == n - 1
+        events += [Event(mb, Phase.FORWARD, repeats, sync), Event(mb, Phase.BACKWARD, repeats, sync)]
+    events.append(Event(n - 1, Phase.OPTIMIZER))
+    return Schedule(events=tuple(events), n_micro_batches=n)

@@ -1,0 +1,33 @@
+"""What the API returns: the core result types, able to show themselves.
+
+``planner.results.PlanResult`` is plain data (the plan file, ``--json``); rendering lives up here
+in the app layer. The API returns this subclass, so ``rich.print(result)`` prints the report and
+a notebook shows it as HTML (``roofplan.validate_render.Validation`` does the same for a
+validation report).
+"""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console, RenderableType
+
+from planner.results import PlanResult
+
+
+def html_of(renderable: RenderableType, width: int) -> str:
+    console = Console(record=True, width=width, file=io.StringIO())
+    console.print(renderable)
+    return console.export_html(inline_styles=True)
+
+
+class Plan(PlanResult):
+    """A ``PlanResult`` that renders as the ``plan`` report."""
+
+    def __rich__(self) -> RenderableType:
+        from roofplan.render import report
+
+        return report(self)
+
+    def _repr_html_(self) -> str:  # notebooks
+        return html_of(self.__rich__(), 120)
