@@ -40,13 +40,16 @@ def search_points_per_second() -> tuple[float, float]:
     from hardware.registry import load_hardware
     from planner.estimate import estimate
     from planner.model_io import resolve
+    from planner.precision import PrecisionPolicy
     from search.candidates import evaluate
+    from search.space import build_space
 
     model, training = resolve("llama2-7b")
     hw = load_hardware("h200")
-    points = [(mb, p) for mb in (1, 2, 4, 8, 16, 32) for p in ("bf16-mixed", "bf16-true")]
+    space = build_space(model, training, hw, (PrecisionPolicy.BF16_MIXED, PrecisionPolicy.BF16_TRUE))
+    points = [p for p in space.points() if int(p["micro_batch_size"]) <= 32]
     start = time.perf_counter()
-    chosen = [evaluate(model, training, hw, hw.hbm_bytes, mb, p) for mb, p in points]  # type: ignore[arg-type]
+    chosen = [evaluate(model, training, hw, hw.hbm_bytes, space.knobs_at(training, p)) for p in points]
     point_rate = len(points) / (time.perf_counter() - start)
     start = time.perf_counter()
     for ev in chosen:

@@ -27,11 +27,9 @@ from planner.estimate import (
     static_for,
     with_communication,
 )
-from planner.knobs import GradSync, Knobs
+from planner.knobs import Knobs
 from planner.memory import Phase, Timeline, checkpoint_units, recomputed_ops, simulate_step
-from planner.parallel_dims import ParallelDims
 from planner.placement import NotDecomposableError, placement_profile
-from planner.precision import PrecisionPolicy
 from planner.results import ParetoPoint
 from planner.strategies import strategy_for
 
@@ -98,27 +96,17 @@ def evaluate(
     training: TrainConfig,
     hw: HardwareProfile,
     cap_bytes: int,
-    micro_batch_size: int,
-    precision: PrecisionPolicy,
+    base: Knobs,
     fixed_checkpoint: tuple[int, ...] | None = None,
     allow_segments: bool = True,
     prune: bool = True,
-    data_parallel: int = 1,
-    zero_stage: int = 0,
     gpus_per_node: int = 8,
-    fsdp_grad_sync: GradSync = GradSync.EVERY,
 ) -> Evaluation:
-    """The fastest plan at this point that fits ``cap_bytes`` (or the smallest one if none fits).
+    """The fastest plan at this point (``base``: its micro-batch, precision and layout,
+    checkpointing nothing) that fits ``cap_bytes`` (or the smallest one if none fits).
 
     With ``prune``, a point whose lower bound already exceeds the cap is not walked at all."""
-    layout = ParallelDims.data_parallel_of(data_parallel, zero_stage)
-    base = Knobs(
-        micro_batch_size=micro_batch_size,
-        grad_accum_steps=training.global_batch_size // (micro_batch_size * data_parallel),
-        precision=precision,
-        parallel=layout,
-        fsdp_grad_sync=fsdp_grad_sync if layout.shards_parameters else GradSync.EVERY,
-    )
+    micro_batch_size = base.micro_batch_size
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
         est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
@@ -160,7 +148,7 @@ def evaluate(
     # one block input; skip them when even that cannot reach the cap
     block_input = hw.round_alloc(graph.node("blocks.0.attn_norm").cost.output.n_bytes)
     best_case = device_bytes(all_peak - (model.n_layers - 1) * block_input, hw)
-    if not fitting and allow_segments and strategy_for(layout).allows_segments and best_case <= cap_bytes:
+    if not fitting and allow_segments and strategy_for(base.parallel).allows_segments and best_case <= cap_bytes:
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})
             est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)

@@ -38,7 +38,7 @@ _IDENTITY_KEY = "roofplan_study"
 TRIAL_TAG = "study_identity"
 _IDENTITY_VERSION = 1
 _DOC_FIELDS = frozenset({"description", "sources", "time_validation"})  # profile text, not figures
-_LAYOUT_FIELDS = ("data_parallel", "gpus_per_node", "fsdp_grad_sync")
+_LAYOUT_FIELDS = ("world_size", "gpus_per_node", "fsdp_grad_sync")
 _LABELS = frozenset({"model.name"})  # shown, never compared: a label does not change a trial's value
 _FIX = "pick another --study-name (or another --storage)"
 _GRACE_S = 3.0  # how long a joiner waits for the creator's record before calling the study legacy
@@ -55,6 +55,7 @@ def study_identity(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
     figures = hw.model_dump(mode="json", exclude=set(_DOC_FIELDS))
     layout = space.model_dump(mode="json")
     parallel = {key: layout.pop(key) for key in _LAYOUT_FIELDS}
+    del layout["global_batch_size"]  # the training's, recorded there
     return {
         "model": model.model_dump(mode="json"),
         "training": training.model_dump(mode="json"),
@@ -86,13 +87,14 @@ def _summary(identity: dict[str, Any]) -> str:
     """One short line: what the study is for."""
     model, training, hw = identity["model"], identity["training"], identity["hardware"]
     parallel, space = identity["parallel"], identity["space"]
-    gpus = parallel["data_parallel"]
-    stages = "/".join(str(z) for z in space["zero_stages"])
+    gpus = parallel["world_size"]
+    dims = space["dimensions"]
+    stages = "/".join(str(z) for z in dims["zero_stage"])
     text = (f"{model['name']} ({model['family']}, {model['n_layers']} layers), seq {training['seq_len']} x batch "
             f"{training['global_batch_size']}, {training['optimizer']}, on {hw['name']} with a "
             f"{format_bytes(identity['cap_bytes'])} cap, {gpus} GPU{'s' if gpus != 1 else ''} ZeRO-{stages}, "
-            f"micro-batch {','.join(str(b) for b in space['micro_batch_sizes'])}, "
-            f"{','.join(space['precisions'])}")
+            f"micro-batch {','.join(str(b) for b in dims['micro_batch_size'])}, "
+            f"{','.join(dims['precision'])}")
     if space.get("fixed_checkpoint") is not None:
         text += f", checkpoint {','.join(str(b) for b in space['fixed_checkpoint']) or 'none'}"
     return text

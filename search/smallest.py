@@ -60,8 +60,7 @@ def first_fitting(
 
 
 def _points(training: TrainConfig, space: SearchSpace) -> list[Knobs]:
-    return [space.knobs_at(training, mb, p, z) for mb in space.micro_batch_sizes for p in space.precisions
-            for z in space.zero_stages if space.allows(p, z)]
+    return [space.knobs_at(training, point) for point in space.points()]
 
 
 def _bounds(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, points: list[Knobs]) -> list[tuple[int, int]]:

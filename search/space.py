@@ -1,6 +1,18 @@
-"""What the search may choose: micro-batch sizes, precision policies, checkpoint freedom."""
+"""What the search may choose: a dictionary of named dimensions, as optuna's distributions are.
+
+Each dimension is a name and its choices (plain ints, strings, booleans: what optuna's
+``CategoricalDistribution`` stores); a point is one choice per dimension. Not every combination
+is a plan (FSDP2 runs fewer precision policies; a micro-batch must divide the sequences each
+data-parallel rank gets): ``SearchSpace.allows`` says which are. Checkpoint placement is not a
+dimension: it is solved exactly per point (``search.candidates``).
+"""
 
 from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -11,7 +23,7 @@ from planner.knobs import GradSync, Knobs
 from planner.parallel import MODELLED_STAGES, zero_stages
 from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy, precision_spec
-from planner.strategies import SingleDevice, strategy_for
+from planner.strategies import strategy_for
 
 # The default policy (README "Search"): by default only a policy that trains like the fp32
 # baseline (fp32 master weights and optimizer state, low-precision matmuls under autocast), so
@@ -21,61 +33,116 @@ from planner.strategies import SingleDevice, strategy_for
 DEFAULT_PRECISIONS = (PrecisionPolicy.BF16_MIXED,)
 FALLBACK_PRECISIONS = (PrecisionPolicy.FP16_MIXED, PrecisionPolicy.FP32)
 
+MICRO_BATCH = "micro_batch_size"
+PRECISION = "precision"
+ZERO_STAGE = "zero_stage"
+
+Choice = int | str | bool
+Point = dict[str, Choice]
+
 
 class SearchSpace(BaseModel):
-    """The discrete knobs the sampler picks; checkpoint placement is solved per point."""
+    """The discrete knobs the sampler picks, by name; checkpoint placement is solved per point."""
 
     model_config = ConfigDict(frozen=True)
-    micro_batch_sizes: tuple[int, ...]
-    precisions: tuple[PrecisionPolicy, ...]
-    zero_stages: tuple[int, ...] = (0,)
+    dimensions: dict[str, tuple[Choice, ...]]  # name -> choices, in the order neighbours are taken
     fsdp_grad_sync: GradSync = GradSync.EVERY  # fixed: how ZeRO-2/3 points accumulate gradients
-    data_parallel: int = 1
+    world_size: int = 1
+    global_batch_size: int = 1  # sequences per step: a micro-batch must divide each data-parallel rank's share
     gpus_per_node: int = 8
     fixed_checkpoint: tuple[int, ...] | None = None
     allow_segments: bool = True
 
+    # --- the dimensions -------------------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.dimensions)
+
     @property
     def size(self) -> int:
-        return len(self.micro_batch_sizes) * len(self.precisions) * len(self.zero_stages)
+        """Combinations of the choices (``allows`` rules some out)."""
+        return math.prod(len(c) for c in self.dimensions.values())
 
-    def layout(self, zero_stage: int) -> ParallelDims:
-        """The data-parallel layout of this space's GPUs at a ZeRO stage."""
-        return ParallelDims.data_parallel_of(self.data_parallel, zero_stage)
+    @property
+    def micro_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.dimensions[MICRO_BATCH])
 
-    def strategy(self, zero_stage: int) -> SingleDevice:
-        return strategy_for(self.layout(zero_stage))
+    @property
+    def precisions(self) -> tuple[PrecisionPolicy, ...]:
+        return tuple(PrecisionPolicy(str(c)) for c in self.dimensions[PRECISION])
 
-    def allows(self, precision: PrecisionPolicy | str, zero_stage: int) -> bool:
-        """Whether this precision can run at this ZeRO stage (FSDP2 runs fewer policies)."""
-        return self.strategy(zero_stage).runs(PrecisionPolicy(precision))
+    @property
+    def zero_stages(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.dimensions[ZERO_STAGE])
 
-    def knobs_at(self, training: TrainConfig, micro_batch_size: int, precision: PrecisionPolicy | str,
-                 zero_stage: int) -> Knobs:
-        """The knobs of one point, checkpointing nothing; accumulation fills each GPU's share."""
-        layout = self.layout(zero_stage)
+    def key(self, point: Mapping[str, Any]) -> tuple[Choice, ...]:
+        """A point as a hashable tuple, in dimension order."""
+        return tuple(point[name] for name in self.names)
+
+    def point(self, **choices: Any) -> Point:
+        """A point from keyword choices (enums become their values)."""
+        return {name: _plain(choices[name]) for name in self.names}
+
+    # --- which points are plans -----------------------------------------------------------
+    def layout(self, point: Mapping[str, Any]) -> ParallelDims:
+        """The parallel layout of a point."""
+        return ParallelDims.data_parallel_of(self.world_size, int(point[ZERO_STAGE]))
+
+    def allows(self, point: Mapping[str, Any]) -> bool:
+        """Whether a point is a plan: its precision runs under its strategy and its micro-batch
+        divides each data-parallel rank's sequences."""
+        layout = self.layout(point)
+        if not strategy_for(layout).runs(PrecisionPolicy(point[PRECISION])):
+            return False
+        return (self.global_batch_size // layout.data_parallel) % int(point[MICRO_BATCH]) == 0
+
+    def points(self) -> Iterator[Point]:
+        """Every allowed point, in dimension order."""
+        for combo in itertools.product(*self.dimensions.values()):
+            point = dict(zip(self.names, combo, strict=True))
+            if self.allows(point):
+                yield point
+
+    def knobs_at(self, training: TrainConfig, point: Mapping[str, Any]) -> Knobs:
+        """The knobs of one point, checkpointing nothing; accumulation fills each rank's share."""
+        layout = self.layout(point)
+        mb = int(point[MICRO_BATCH])
         return Knobs(
-            micro_batch_size=micro_batch_size,
-            grad_accum_steps=training.global_batch_size // (micro_batch_size * self.data_parallel),
-            precision=PrecisionPolicy(precision),
+            micro_batch_size=mb,
+            grad_accum_steps=training.global_batch_size // (mb * layout.data_parallel),
+            precision=PrecisionPolicy(point[PRECISION]),
             parallel=layout,
             fsdp_grad_sync=self.fsdp_grad_sync if layout.shards_parameters else GradSync.EVERY,
         )
 
-    def known_good(self) -> list[tuple[int, PrecisionPolicy, int]]:
-        """Enqueued first: the smallest micro-batch in every precision, with the most sharding
-        that precision allows (the likeliest to fit)."""
-        return [(self.micro_batch_sizes[0], p, max(z for z in self.zero_stages if self.allows(p, z)))
-                for p in self.precisions]
+    # --- where the search starts and how it polishes ---------------------------------------
+    def known_good(self) -> list[Point]:
+        """Priced first: the smallest micro-batch in every precision, with the most sharding that
+        precision allows (the likeliest to fit)."""
+        out = []
+        for precision in self.dimensions[PRECISION]:
+            options = [p for p in self.points() if p[PRECISION] == precision and p[MICRO_BATCH] == self.micro_batch_sizes[0]]
+            if options:
+                out.append(max(options, key=lambda p: int(p[ZERO_STAGE])))
+        return out
 
-    def neighbours(self, micro_batch_size: int, precision: str, zero_stage: int) -> list[tuple[int, str, int]]:
-        """Adjacent micro-batches, then the same micro-batch in the other precisions and stages."""
-        sizes = self.micro_batch_sizes
-        i = sizes.index(micro_batch_size)
-        out = [(sizes[j], precision, zero_stage) for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
-        out += [(micro_batch_size, p.value, zero_stage) for p in self.precisions if p.value != precision]
-        out += [(micro_batch_size, precision, z) for z in self.zero_stages if z != zero_stage]
-        return [point for point in out if self.allows(point[1], point[2])]
+    def neighbours(self, point: Mapping[str, Any]) -> list[Point]:
+        """Adjacent micro-batches, then the same point with each other choice of every other
+        dimension, in dimension order; only allowed points."""
+        out: list[Point] = []
+        sizes = self.dimensions[MICRO_BATCH]
+        i = sizes.index(point[MICRO_BATCH])
+        out += [{**point, MICRO_BATCH: sizes[j]} for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
+        for name, choices in self.dimensions.items():
+            if name != MICRO_BATCH:
+                out += [{**point, name: c} for c in choices if c != point[name]]
+        return [p for p in out if self.allows(p)]
+
+
+def _plain(value: Any) -> Choice:
+    if isinstance(value, bool | int):
+        return value
+    return str(value.value if hasattr(value, "value") else value)
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -120,15 +187,24 @@ def build_space(
                     f"(it runs {runs})"
                 )
         chosen = tuple(dict.fromkeys(precisions))
-    space = SearchSpace(micro_batch_sizes=sizes, precisions=chosen, zero_stages=stages, data_parallel=gpus,
-                        gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks, allow_segments=allow_segments,
-                        fsdp_grad_sync=fsdp_grad_sync)
-    runnable = tuple(p for p in chosen if any(space.allows(p, z) for z in stages))  # FSDP2 runs fewer policies
-    if not runnable:
-        allowed = ", ".join(p.value for p in PrecisionPolicy if any(space.allows(p, z) for z in stages))
+
+    def space_of(policies: tuple[PrecisionPolicy, ...]) -> SearchSpace:
+        return SearchSpace(dimensions={MICRO_BATCH: sizes, PRECISION: tuple(p.value for p in policies),
+                                       ZERO_STAGE: stages},
+                           world_size=gpus, global_batch_size=training.global_batch_size, gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks,
+                           allow_segments=allow_segments, fsdp_grad_sync=fsdp_grad_sync)
+
+    space = space_of(chosen)
+    runnable = tuple(p for p in chosen if any(space.allows(space.point(micro_batch_size=sizes[0], precision=p,
+                                                                          zero_stage=z)) for z in stages))
+    if not runnable:  # FSDP2 runs fewer policies
+        every = space_of(tuple(PrecisionPolicy))
+        allowed = ", ".join(p.value for p in PrecisionPolicy if any(
+            every.allows(every.point(micro_batch_size=sizes[0], precision=p, zero_stage=z)) for z in stages))
         raise ConfigError(f"--precision: {', '.join(p.value for p in chosen)} cannot run under --zero-stage "
                           f"{stages[0]} (FSDP2) as modelled; use {allowed}, or --zero-stage 0/1")
-    return space.model_copy(update={"precisions": runnable})
+    return space_of(runnable)
 
 
-__all__ = ["MODELLED_STAGES", "SearchSpace", "build_space", "divisors"]
+__all__ = ["MICRO_BATCH", "MODELLED_STAGES", "PRECISION", "ZERO_STAGE", "Point", "SearchSpace", "build_space",
+           "divisors"]

@@ -32,15 +32,13 @@ from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
 from planner.knobs import Knobs
-from planner.precision import PrecisionPolicy
 from planner.results import ParetoPoint, PlanEntry, SearchStats
 from search.candidates import Evaluation, evaluate
 from search.identity import TRIAL_TAG, complete_trials, join, same_space, study_identity
 from search.pareto import non_dominated
 from search.smallest import smallest_plan
-from search.space import SearchSpace
+from search.space import Point, SearchSpace
 
-_MB, _PRECISION, _ZERO = "micro_batch_size", "precision", "zero_stage"
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 _CREATE_TAKES_CONSTRAINTS = "constraints" in inspect.signature(optuna.trial.create_trial).parameters
 
@@ -80,8 +78,7 @@ def _sampler(options: SearchOptions, space: SearchSpace) -> optuna.samplers.Base
         return [float(trial.user_attrs.get("excess_bytes", 0.0))]
 
     if options.sampler is SamplerKind.EXHAUSTIVE:
-        grid: dict[str, list[object]] = {_MB: list(space.micro_batch_sizes), _PRECISION: [p.value for p in space.precisions],
-                                         _ZERO: list(space.zero_stages)}
+        grid = {name: list(choices) for name, choices in space.dimensions.items()}
         return optuna.samplers.GridSampler(grid, seed=options.seed)  # type: ignore[arg-type]
     if options.sampler is SamplerKind.RANDOM:
         return optuna.samplers.RandomSampler(seed=options.seed)
@@ -153,16 +150,15 @@ def _record(trial: optuna.Trial, ev: Evaluation, tag: str) -> float:
 
 def _distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
     """The same choices the objective suggests from (optuna refuses a trial whose distributions differ)."""
-    categorical = optuna.distributions.CategoricalDistribution
-    return {_MB: categorical(list(space.micro_batch_sizes)), _PRECISION: categorical([p.value for p in space.precisions]),
-            _ZERO: categorical(list(space.zero_stages))}
+    return {name: optuna.distributions.CategoricalDistribution(list(choices))
+            for name, choices in space.dimensions.items()}
 
 
 def _add_points(
     study: optuna.Study,
     space: SearchSpace,
-    points: list[tuple[int, str, int]],
-    price: Callable[[int, str, int], Evaluation],
+    points: list[Point],
+    price: Callable[[Point], Evaluation],
     tag: str,
 ) -> int:
     """Price these points here and add them to the study as finished trials; returns how many were new.
@@ -171,19 +167,17 @@ def _add_points(
     workers can both claim it, run it, and the second one's ``tell`` fails ("Cannot tell a
     COMPLETE trial"). A finished trial added in one write cannot be claimed twice; two workers
     adding the same point at once leave a harmless duplicate."""
-    seen = {_point(t) for t in complete_trials(study, tag)}  # a failed or abandoned trial's point is priced again
+    seen = {_key(space, t) for t in complete_trials(study, tag)}  # a failed or abandoned trial's point is priced again
     added = 0
-    for point in points:
-        if point in seen:
+    for point in points:  # known-good points and neighbours are allowed by construction
+        if space.key(point) in seen:
             continue
-        seen.add(point)
-        mb, precision, stage = point  # known-good points and neighbours are allowed by construction
-        ev = price(mb, precision, stage)
+        seen.add(space.key(point))
+        ev = price(point)
         excess = float(ev.chosen.device_bytes - ev.cap_bytes)
         constraint = ({"constraints": {"excess_bytes": excess}} if _CREATE_TAKES_CONSTRAINTS
                       else {"system_attrs": {"constraints": [excess]}})  # optuna < 5: the list format
-        params = {_MB: mb, _PRECISION: precision, _ZERO: stage}
-        study.add_trial(optuna.trial.create_trial(value=ev.chosen.step_time_s, params=params,
+        study.add_trial(optuna.trial.create_trial(value=ev.chosen.step_time_s, params=dict(point),
                                                   distributions=_distributions(space), user_attrs=_attrs(ev, tag),
                                                   **constraint))  # type: ignore[arg-type]
         added += 1
@@ -203,24 +197,22 @@ def run_search(
     from planner.estimate import estimate
 
     start = time.perf_counter()
-    evaluations: dict[tuple[int, str, int], Evaluation] = {}
+    evaluations: dict[tuple[object, ...], Evaluation] = {}
 
-    def price(mb: int, precision: str, zero_stage: int) -> Evaluation:
-        key = (mb, precision, zero_stage)
+    def price(point: Point) -> Evaluation:
+        key = space.key(point)
         if key not in evaluations:
-            evaluations[key] = evaluate(model, training, hw, cap_bytes, mb, PrecisionPolicy(precision),
-                                        space.fixed_checkpoint, space.allow_segments, data_parallel=space.data_parallel,
-                                        zero_stage=zero_stage, gpus_per_node=space.gpus_per_node,
-                                        fsdp_grad_sync=space.fsdp_grad_sync)
+            evaluations[key] = evaluate(model, training, hw, cap_bytes, space.knobs_at(training, point),
+                                        space.fixed_checkpoint, space.allow_segments,
+                                        gpus_per_node=space.gpus_per_node)
         return evaluations[key]
 
     def objective(trial: optuna.Trial) -> float:
-        mb = trial.suggest_categorical(_MB, list(space.micro_batch_sizes))
-        precision = trial.suggest_categorical(_PRECISION, [p.value for p in space.precisions])
-        stage = trial.suggest_categorical(_ZERO, list(space.zero_stages))
-        if not space.allows(str(precision), int(stage)):  # type: ignore[arg-type]
-            raise optuna.TrialPruned(f"{precision} does not run under ZeRO-{stage} (FSDP2)")
-        return _record(trial, price(int(mb), str(precision), int(stage)), tag)  # type: ignore[arg-type]
+        point = {name: trial.suggest_categorical(name, list(choices)) for name, choices in space.dimensions.items()}
+        if not space.allows(point):  # type: ignore[arg-type]
+            raise optuna.TrialPruned(f"{point} is not a plan (a policy its strategy does not run, or a micro-batch "
+                                     "that does not divide a rank's sequences)")
+        return _record(trial, price(point), tag)  # type: ignore[arg-type]
 
     study, created = _create_study(options, space)
     identity = study_identity(model, training, hw, cap_bytes, space)
@@ -228,9 +220,8 @@ def run_search(
     n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
     done = 0
     if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
-        known = [(mb, precision.value, stage) for mb, precision, stage in space.known_good()]
         with same_space(options.study_name):
-            done = _add_points(study, space, known, price, tag)
+            done = _add_points(study, space, space.known_good(), price, tag)
         n_trials = max(n_trials, done)  # more precisions than --trials: the known-good points are the budget
         if on_trial is not None and done:
             on_trial(done, n_trials)
@@ -276,15 +267,15 @@ def run_search(
                          closest=closest, stats=stats)
 
 
-def _point(trial: optuna.trial.FrozenTrial) -> tuple[int, str, int]:
-    return int(trial.params[_MB]), str(trial.params[_PRECISION]), int(trial.params.get(_ZERO, 0))
+def _key(space: SearchSpace, trial: optuna.trial.FrozenTrial) -> tuple[object, ...]:
+    return space.key(trial.params)
 
 
 def _polish(
     study: optuna.Study,
     space: SearchSpace,
-    price: Callable[[int, str, int], Evaluation],
-    evaluations: dict[tuple[int, str, int], Evaluation],
+    price: Callable[[Point], Evaluation],
+    evaluations: dict[tuple[object, ...], Evaluation],
     tag: str,
 ) -> None:
     """Price the unvisited neighbours of the incumbent until it stops improving."""
@@ -294,8 +285,8 @@ def _polish(
         if not feasible:
             return
         incumbent = min(feasible, key=lambda t: (t.value, t.number))
-        visited = {_point(t) for t in trials} | set(evaluations)
-        fresh = [n for n in space.neighbours(*_point(incumbent)) if n not in visited]
+        visited = {_key(space, t) for t in trials} | set(evaluations)
+        fresh = [n for n in space.neighbours(incumbent.params) if space.key(n) not in visited]
         if not fresh:
             return
         _add_points(study, space, fresh, price, tag)  # each pass completes at least one new point: it ends

@@ -151,6 +151,6 @@ def test_readme_example_runs(tmp_path: Path) -> None:
 
 def test_mypy_passes_on_the_typed_packages() -> None:
     pytest.importorskip("mypy")
-    done = subprocess.run([sys.executable, "-m", "mypy", "hardware", "planner", "search"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "mypy", "hardware", "planner", "search", "roofplan"], capture_output=True,
                           text=True, check=False, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]

@@ -81,8 +81,7 @@ def test_solver_equals_brute_force(family: str, precision: str, attention: str, 
     for _ in range(6):  # random caps: the point's choice is the fastest subset that fits
         cap = device_bytes(rng.randint(lowest, highest), HW)
         fitting = [bits for bits, peak in walked.items() if device_bytes(peak, HW) <= cap]
-        chosen = evaluate(model, training, HW, cap, 2, knobs.precision, allow_segments=False, data_parallel=gpus,
-                          zero_stage=stage, fsdp_grad_sync=knobs.fsdp_grad_sync)
+        chosen = evaluate(model, training, HW, cap, knobs, allow_segments=False)
         if not fitting:
             assert not chosen.fits
             continue

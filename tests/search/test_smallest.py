@@ -16,6 +16,7 @@ from hardware.registry import load_hardware
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import InfeasibleError
 from planner.estimate import estimate
+from planner.fsdp import FSDP_PRECISIONS
 from planner.knobs import GradSync, Knobs
 from planner.precision import PrecisionPolicy
 from roofplan import api
@@ -36,10 +37,10 @@ def _exhaustive_minimum(model: ModelConfig, training: TrainConfig, space: Search
     """Every (micro-batch, precision, stage) x every subset of blocks x every segmentation."""
     best = None
     for mb, precision, stage in itertools.product(space.micro_batch_sizes, space.precisions, space.zero_stages):
-        if not space.allows(precision, stage):
+        if stage >= 2 and precision not in FSDP_PRECISIONS:
             continue
-        base = Knobs(micro_batch_size=mb, grad_accum_steps=training.global_batch_size // (mb * space.data_parallel),
-                     precision=precision, data_parallel=space.data_parallel, zero_stage=stage,
+        base = Knobs(micro_batch_size=mb, grad_accum_steps=training.global_batch_size // (mb * space.world_size),
+                     precision=precision, data_parallel=space.world_size, zero_stage=stage,
                      fsdp_grad_sync=space.fsdp_grad_sync if stage >= 2 else GradSync.EVERY)
         placements = [base.model_copy(update={"checkpoint_blocks": tuple(i for i, b in enumerate(bits) if b)})
                       for bits in itertools.product((0, 1), repeat=model.n_layers)]

@@ -77,8 +77,8 @@ def test_same_workload_joins_and_its_trials_count(tmp_path: Path, capsys: pytest
     (["--global-batch", "16"], "training.global_batch_size is 16, not 8"),
     (["--hbm", "20GB"], "cap is 20.0 GB"),
     (["--hardware", "h200"], "hardware is h200, not h100-sxm"),
-    (["--gpus", "2"], "parallel.data_parallel is 2, not 1"),
-    (["--precision", "bf16-mixed,bf16-true"], "space.precisions is [bf16-mixed,bf16-true], not [bf16-mixed]"),
+    (["--gpus", "2"], "parallel.world_size is 2, not 1"),
+    (["--precision", "bf16-mixed,bf16-true"], "space.dimensions.precision is [bf16-mixed,bf16-true], not [bf16-mixed]"),
     (["--checkpoint", "all"], "space.fixed_checkpoint"),
     (["--attention", "eager"], "model.attention is eager, not flash"),
 ], ids=["model", "seq-len", "global-batch", "hbm", "hardware", "gpus", "precision", "checkpoint", "attention"])
