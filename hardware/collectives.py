@@ -102,6 +102,20 @@ def collective_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_r
     return ring, Algorithm.RING
 
 
+def collective_lower_bound_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: int,
+                             gpus_per_node: int) -> float:
+    """The ring's bytes term at the links' full speed (no latency, no efficiency): the roofline
+    lower bound of a collective."""
+    if n_ranks <= 1 or n_bytes <= 0:
+        return 0.0
+    nodes = nodes_of(n_ranks, gpus_per_node)
+    steps, _ = ring_steps(kind, n_ranks, nodes)
+    bus = hw.intra_node_bandwidth_bytes_per_s
+    if nodes > 1:
+        bus = min(bus, min(gpus_per_node, n_ranks) * hw.inter_node_bandwidth_bytes_per_s)
+    return n_bytes * steps / n_ranks / bus
+
+
 def bus_bandwidth_measured(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: int,
                            gpus_per_node: int) -> float:
     """What nccl-tests would print as busbw for this collective: algbw x its bus factor."""

@@ -19,6 +19,7 @@ from hardware.profile import HardwareProfile
 class Bound(StrEnum):
     COMPUTE = "compute"
     MEMORY = "memory"
+    COMMUNICATION = "communication"  # a collective on the critical path (tensor/context parallelism)
 
 
 class OpTime(BaseModel):
@@ -33,6 +34,7 @@ class OpTime(BaseModel):
     time_s: float
     lower_bound_s: float
     bound: Bound
+    communication_time_s: float = 0.0  # of ``time_s``: a collective the op waits for
 
 
 def op_time(

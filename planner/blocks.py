@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
+from typing import Any
 
 from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind
 from planner.ops.base import OpKind, ParamTensor
@@ -48,7 +49,7 @@ class OpDesc:
     tp: TpRole = TpRole.REPLICATE
     shape_of: str | None = None  # takes only the shape of this tensor (the rotary tables)
 
-    def field(self, key: str, default: object = None) -> object:
+    def field(self, key: str, default: Any = None) -> Any:
         return dict(self.fields).get(key, default)
 
     def with_fields(self, **updates: object) -> OpDesc:

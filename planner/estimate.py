@@ -9,6 +9,7 @@ dense peak of the plan's matmul precision x GPUs) (PaLM, Chowdhery et al. 2022, 
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware.dtypes import DType
 from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
+from planner.blocks import describe
 from planner.cache import IdentityCache
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
@@ -24,10 +26,10 @@ from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
 from planner.optimizer import optimizer_spec
-from planner.params import param_tensors
 from planner.precision import PrecisionSpec, precision_spec
 from planner.schedule import Schedule
 from planner.strategies import Fsdp2, strategy_for
+from planner.strategies.tensor import check_tensor_parallel, shard_tensor_parallel
 from planner.timing import (
     OpGroup,
     OpRoofline,
@@ -99,6 +101,7 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
             f"training.global_batch_size is {training.global_batch_size}; choose a micro-batch that divides it"
         )
     strategy_for(knobs.parallel).check(knobs)
+    check_tensor_parallel(model, training.seq_len, knobs.parallel)
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
     if outside:
         raise ConfigError(
@@ -120,8 +123,20 @@ _TIMES: IdentityCache[OpTimes] = IdentityCache()
 
 
 @lru_cache(maxsize=64)
-def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSpec) -> LayerGraph:
-    return build_graph(model, batch, seq_len, spec)
+def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSpec, tp: int = 1, sp: bool = False,
+                 tp_ranks_per_node: int = 1) -> LayerGraph:
+    """One rank's graph: the model's description as tensor parallelism shards it
+    (``planner.strategies.tensor``), each op priced by its formula."""
+    desc = shard_tensor_parallel(describe(model), model, tp, sp, tp_ranks_per_node)
+    return build_graph(model, batch, seq_len, spec, desc)
+
+
+def rank_graph(model: ModelConfig, training: TrainConfig, knobs: Knobs, spec: PrecisionSpec,
+               gpus_per_node: int = 8) -> LayerGraph:
+    """The graph of one rank of ``knobs``' layout (its micro-batch, its shard of the model)."""
+    dims = knobs.parallel
+    return cached_graph(model, knobs.micro_batch_size, training.seq_len, spec, dims.tp, dims.sp,
+                        dims.ranks_per_node("tp", gpus_per_node))
 
 
 def op_rooflines(graph: LayerGraph, hw: HardwareProfile) -> tuple[OpRoofline, ...]:
@@ -215,10 +230,12 @@ def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
     """
     spec = precision_spec(knobs.precision)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    model_state = strategy_for(knobs.parallel).model_state_lower_bound(param_tensors(model), spec, knobs, hw,
-                                                                      opt.state_tensors_per_param)
+    dims = knobs.parallel
+    tensors = shard_tensor_parallel(describe(model), model, dims.tp, dims.sp, 1).params  # sizes only
+    model_state = strategy_for(dims).model_state_lower_bound(tensors, spec, knobs, hw, opt.state_tensors_per_param)
     data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
-    logits = 2 * hw.round_alloc(knobs.micro_batch_size * training.seq_len * model.vocab_size * 4)
+    vocab = math.ceil(model.vocab_size / dims.tp)  # loss_parallel: this rank's share of the vocabulary
+    logits = 2 * hw.round_alloc(knobs.micro_batch_size * training.seq_len * vocab * 4)
     return model_state + data + logits
 
 
@@ -237,7 +254,7 @@ def estimate(
 ) -> Estimate:
     """Everything about one configuration: its memory timeline, FLOPs and roofline step time."""
     spec = check_knobs(model, training, hw, knobs)
-    graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
+    graph = rank_graph(model, training, knobs, spec, gpus_per_node)
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.schedule)
@@ -246,10 +263,11 @@ def estimate(
     ops = op_rooflines(graph, hw)
 
     per_micro_flops = sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)
-    micro_batches = knobs.grad_accum_steps * knobs.data_parallel
+    # every rank runs its share of every micro-batch (a tensor-parallel rank 1/tp of its FLOPs)
+    micro_batches = knobs.grad_accum_steps * knobs.parallel.world_size
     model_flops = per_micro_flops * micro_batches
     hardware_flops = model_flops + timeline.recompute_flops * micro_batches
-    peak_flops = hw.peak_flops_per_s[spec.matmul_precision] * knobs.data_parallel
+    peak_flops = hw.peak_flops_per_s[spec.matmul_precision] * knobs.parallel.world_size
     cap = hbm_cap_bytes if hbm_cap_bytes is not None else hw.hbm_bytes
     peak = timeline.peak.bytes
     device = device_bytes(peak, hw)

@@ -64,6 +64,11 @@ class LayerGraph:
         return tensors
 
     @cached_property
+    def grad_tensors(self) -> dict[str, int]:
+        """Unique parameter gradients (state-dict name -> numel of the ``.grad`` autograd makes)."""
+        return {name: p.grad_elements for name, p in self.param_specs.items()}
+
+    @cached_property
     def param_specs(self) -> dict[str, ParamTensor]:
         """Unique parameter tensors with their shapes (state-dict name -> ParamTensor)."""
         specs: dict[str, ParamTensor] = {}

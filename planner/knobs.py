@@ -51,10 +51,11 @@ class Knobs(BaseModel):
         gpus, stage = data.pop("data_parallel", 1), data.pop("zero_stage", 0)
         if not isinstance(gpus, int) or gpus < 1:
             raise ValueError(f"knobs.data_parallel: {gpus!r} must be a positive integer")
-        implied = ParallelDims.data_parallel_of(gpus, stage)
         if "parallel" not in data:
-            data["parallel"] = implied
-        elif ParallelDims.model_validate(data["parallel"]) != implied:  # a plan file carries both (summary fields)
+            data["parallel"] = ParallelDims.data_parallel_of(gpus, stage)
+            return data
+        layout = ParallelDims.model_validate(data["parallel"])  # a plan file carries both (summary fields)
+        if (layout.data_parallel, layout.zero_stage) != (gpus, stage):
             raise ValueError(f"knobs: data_parallel {gpus} / zero_stage {stage} disagree with parallel "
                              f"{data['parallel']}; give one of them")
         return data

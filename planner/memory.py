@@ -87,7 +87,7 @@ def static_memory(
     params = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors)
     state_one = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors)
     scalars = round_bytes(4) * len(graph.param_tensors) if device_step_scalar and state_tensors_per_param else 0
-    grads = sum(round_bytes(n * precision.grad_dtype.n_bytes) for n in tensors)
+    grads = sum(round_bytes(n * precision.grad_dtype.n_bytes) for n in graph.grad_tensors.values())
     data = 2 * round_bytes(data_sequences * graph.seq_len * 8)
     return StaticMemory(
         params_bytes=params,

@@ -12,8 +12,12 @@ of the degrees is the world size. ``sharding`` says what the shard dimension spl
 | ``gradients`` | FSDP2 ``fully_shard(reshard_after_forward=False)`` | 2 |
 | ``full`` | FSDP2 ``fully_shard(reshard_after_forward=True)`` | 3 |
 
+``tp`` is tensor parallelism (``sp``: with sequence parallelism), the innermost dimension of the
+mesh: its ranks share a node first, then context parallelism's, then data parallelism's
+(torchtitan's mesh order ``[pp, dp_replicate, dp_shard, cp, tp]``).
+
 Modelled today: one data-parallel dimension (replicate or shard, not both: HSDP is not
-modelled) with tp = cp = pp = ep = 1. Other layouts are refused by name, never priced wrongly.
+modelled), tensor parallelism; pp = ep = 1. Other layouts are refused by name, never priced wrongly.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ class Sharding(StrEnum):
 
 ZERO_STAGE_OF = {None: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}
 SHARDING_OF_STAGE = {stage: sharding for sharding, stage in ZERO_STAGE_OF.items()}
-NOT_MODELLED = ("tp", "cp", "pp", "ep")
+NOT_MODELLED = ("cp", "pp", "ep")
 
 
 class ParallelDims(BaseModel):
@@ -45,7 +49,8 @@ class ParallelDims(BaseModel):
     dp_replicate: PositiveInt = Field(default=1, description="data-parallel replicas (DDP)")
     dp_shard: PositiveInt = Field(default=1, description="data-parallel ranks that shard model state (ZeRO/FSDP)")
     sharding: Sharding | None = Field(default=None, description="what dp_shard splits; None when dp_shard is 1")
-    tp: PositiveInt = Field(default=1, description="tensor parallel degree (not modelled yet)")
+    tp: PositiveInt = Field(default=1, description="tensor parallel degree (ColwiseParallel / RowwiseParallel)")
+    sp: bool = Field(default=False, description="sequence parallelism inside the tensor-parallel group")
     cp: PositiveInt = Field(default=1, description="context parallel degree (not modelled yet)")
     pp: PositiveInt = Field(default=1, description="pipeline parallel degree (not modelled yet)")
     ep: PositiveInt = Field(default=1, description="expert parallel degree (not modelled yet)")
@@ -64,21 +69,27 @@ class ParallelDims(BaseModel):
         if self.dp_replicate > 1 and self.dp_shard > 1:
             raise ValueError(f"parallel: dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} (HSDP) is not "
                              "modelled; use one data-parallel dimension")
+        if self.sp and self.tp == 1:
+            raise ValueError("parallel.sp: sequence parallelism runs inside a tensor-parallel group; use tp > 1")
         for name in NOT_MODELLED:
             if getattr(self, name) > 1:
                 raise ValueError(f"parallel.{name}: {getattr(self, name)} is not modelled yet; use {name} = 1")
         return self
 
     @classmethod
-    def data_parallel_of(cls, world_size: int, zero_stage: int) -> ParallelDims:
-        """``world_size`` data-parallel ranks at a ZeRO stage (0: DDP; 1: ZeRO-1; 2/3: FSDP2)."""
+    def data_parallel_of(cls, world_size: int, zero_stage: int, tp: int = 1, sp: bool = False) -> ParallelDims:
+        """``world_size`` GPUs: groups of ``tp`` tensor-parallel ranks, data parallel over the
+        groups at a ZeRO stage (0: DDP; 1: ZeRO-1; 2/3: FSDP2)."""
         if zero_stage not in SHARDING_OF_STAGE:
             raise ValueError(f"zero_stage: {zero_stage} is not a ZeRO stage; use 0, 1, 2 or 3")
-        if world_size == 1 or zero_stage == 0:
+        if tp < 1 or world_size % tp:
+            raise ValueError(f"tp: {tp} must divide the {world_size} GPUs")
+        data = world_size // tp
+        if data == 1 or zero_stage == 0:
             if zero_stage:
-                raise ValueError("zero_stage: sharding needs several GPUs; use zero_stage 0 with one GPU")
-            return cls(dp_replicate=world_size)
-        return cls(dp_shard=world_size, sharding=SHARDING_OF_STAGE[zero_stage])
+                raise ValueError("zero_stage: sharding needs several data-parallel ranks; use zero_stage 0")
+            return cls(dp_replicate=data, tp=tp, sp=sp)
+        return cls(dp_shard=data, sharding=SHARDING_OF_STAGE[zero_stage], tp=tp, sp=sp)
 
     @property
     def world_size(self) -> int:
@@ -89,6 +100,13 @@ class ParallelDims(BaseModel):
         """Ranks that each run their own micro-batches (replicas times shards)."""
         return self.dp_replicate * self.dp_shard
 
+    def ranks_per_node(self, dimension: str, gpus_per_node: int) -> int:
+        """How many ranks of one group of ``dimension`` ("tp", "cp" or "dp") share a node, the
+        mesh laid out tp innermost, then cp, then data parallelism."""
+        inner = {"tp": 1, "cp": self.tp, "dp": self.tp * self.cp}[dimension]
+        size = {"tp": self.tp, "cp": self.cp, "dp": self.data_parallel}[dimension]
+        return max(1, min(size, gpus_per_node // inner))
+
     @property
     def shards_parameters(self) -> bool:
         """FSDP2 (ZeRO-2/3): parameters and gradients are sharded, gathered per unit."""
@@ -98,3 +116,17 @@ class ParallelDims(BaseModel):
     def zero_stage(self) -> int:
         """The ZeRO stage this layout is (for display and the plan file's summary)."""
         return ZERO_STAGE_OF[self.sharding]
+
+
+_DATA_PARALLEL_LABEL = {None: "DDP", Sharding.OPTIMIZER: "ZeRO-1", Sharding.GRADIENTS: "FSDP2 ZeRO-2",
+                        Sharding.FULL: "FSDP2 ZeRO-3"}
+
+
+def layout_label(dims: ParallelDims) -> str:
+    """``FSDP2 ZeRO-3 8 x TP 8 + SP``: each dimension in use, data parallelism first."""
+    parts = []
+    if dims.data_parallel > 1:
+        parts.append(f"{_DATA_PARALLEL_LABEL[dims.sharding]} {dims.data_parallel}")
+    if dims.tp > 1:
+        parts.append(f"TP {dims.tp}" + (" + SP" if dims.sp else ""))
+    return " x ".join(parts) or "one GPU"

@@ -12,13 +12,14 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from hardware.collectives import collective_lower_bound_s, collective_time_s
 from hardware.dtypes import ComputePrecision, DType
 from hardware.kernels import AttentionKernel, Direction, MemoryClass, gemm_shape_factor, pick_curve
 from hardware.profile import DeviceKind, HardwareProfile
 from hardware.roofline import Bound, OpTime, op_time
 from planner.graph import GraphNode, LayerGraph
 from planner.memory_types import Phase
-from planner.ops.base import LayerCost, OpKind
+from planner.ops.base import CollectiveCall, LayerCost, OpKind
 from planner.optimizer import OptimizerSpec
 from planner.schedule import Schedule
 
@@ -82,7 +83,7 @@ def group_ops(ops: tuple[OpRoofline, ...], grad_accum_steps: int) -> tuple[OpGro
         flops = grad_accum_steps * sum(o.fwd_flops + o.bwd_flops for o in members)
         n_bytes = grad_accum_steps * sum(o.fwd_bytes + o.bwd_bytes for o in members)
         time_s = grad_accum_steps * sum(o.time_s for o in members)
-        compute = sum(o.time_s for o in members if o.bound is Bound.COMPUTE)
+        by_bound = {b: sum(o.time_s for o in members if o.bound is b) for b in Bound}
         out.append(
             OpGroup(
                 name=key,
@@ -91,7 +92,7 @@ def group_ops(ops: tuple[OpRoofline, ...], grad_accum_steps: int) -> tuple[OpGro
                 flops=flops,
                 bytes_moved=n_bytes,
                 intensity_flops_per_byte=flops / n_bytes if n_bytes else math.inf,
-                bound=Bound.COMPUTE if compute * grad_accum_steps >= time_s / 2 else Bound.MEMORY,
+                bound=max(by_bound, key=lambda b: by_bound[b]),
                 time_s=time_s,
                 lower_bound_s=grad_accum_steps * sum(o.lower_bound_s for o in members),
             )
@@ -172,7 +173,20 @@ def _cost_times(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile)
     bwd_bytes = cost.bwd_bytes_moved if cost.has_backward else 0.0
     bwd = op_time(bwd_flops, bwd_bytes, compute, hw, cost.bwd_kernels if cost.has_backward else 0,
                   kernel_rate(cost, compute, hw, Direction.BWD) if bwd_flops else None, memory)
-    return _in_a_step(fwd, hw), _in_a_step(bwd, hw), bwd_flops, bwd_bytes
+    bwd_call = cost.bwd_collective if cost.has_backward else None
+    return (_with_collective(_in_a_step(fwd, hw), cost.fwd_collective, hw),
+            _with_collective(_in_a_step(bwd, hw), bwd_call, hw), bwd_flops, bwd_bytes)
+
+
+def _with_collective(timed: OpTime, call: CollectiveCall | None, hw: HardwareProfile) -> OpTime:
+    """Add the collective an op waits for (NCCL's model of it; its ring bytes term at full link
+    speed to the lower bound). Not scaled by ``step_efficiency``: that is the kernels' share."""
+    if call is None:
+        return timed
+    comm_s, _ = collective_time_s(call.n_bytes, call.kind, hw, call.group_size, call.ranks_per_node)
+    ideal_s = collective_lower_bound_s(call.n_bytes, call.kind, hw, call.group_size, call.ranks_per_node)
+    return timed.model_copy(update={"time_s": timed.time_s + comm_s, "lower_bound_s": timed.lower_bound_s + ideal_s,
+                                    "communication_time_s": comm_s})
 
 
 def _in_a_step(timed: OpTime, hw: HardwareProfile) -> OpTime:
@@ -189,6 +203,11 @@ def _roofline(op: GraphNode, times: tuple[OpTime, OpTime, float, float]) -> OpRo
     total_flops = cost.fwd_exec + bwd_flops
     total_bytes = cost.fwd_bytes_moved + bwd_bytes
     compute_bound = fwd.compute_time_s + bwd.compute_time_s >= fwd.memory_time_s + bwd.memory_time_s
+    communication_s = fwd.communication_time_s + bwd.communication_time_s
+    if communication_s > fwd.time_s + bwd.time_s - communication_s:
+        bound = Bound.COMMUNICATION
+    else:
+        bound = Bound.COMPUTE if compute_bound and total_flops > 0 else Bound.MEMORY
     return OpRoofline.model_construct(
         name=op.spec.name,
         kind=op.spec.kind.value,
@@ -198,7 +217,7 @@ def _roofline(op: GraphNode, times: tuple[OpTime, OpTime, float, float]) -> OpRo
         fwd_bytes=cost.fwd_bytes_moved,
         bwd_bytes=bwd_bytes,
         intensity_flops_per_byte=total_flops / total_bytes if total_bytes else math.inf,
-        bound=Bound.COMPUTE if compute_bound and total_flops > 0 else Bound.MEMORY,
+        bound=bound,
         fwd_time_s=fwd.time_s,
         bwd_time_s=bwd.time_s,
         lower_bound_s=fwd.lower_bound_s + bwd.lower_bound_s,

@@ -105,7 +105,13 @@ class Prepared:
         for t in range(n):
             for user in self.consumers[t] + self.frame_users[t]:
                 self.users_by_op[user].append(t)
-        self.out_bytes = [round_bytes(op.cost.output.n_bytes) for op in nodes]
+        # a view (``output_is_view``) allocates nothing and keeps its base (first input) alive;
+        # its gradient is still a tensor of its own size
+        self.view_of: list[int | None] = [self.inputs[i][0] if op.cost.output_is_view else None
+                                          for i, op in enumerate(nodes)]
+        self.grad_size = [round_bytes(op.cost.output.n_bytes) for op in nodes]
+        self.out_bytes = [0 if base is not None else size for base, size in zip(self.view_of, self.grad_size,
+                                                                                    strict=True)]
         self.out_grad = [op.cost.output.requires_grad and op.cost.has_backward for op in nodes]
         self.extras = [sum(round_bytes(b) for b in op.cost.saved_extra_bytes) for op in nodes]
         self.copies = [sum(round_bytes(b) for b in op.cost.autocast_copy_bytes) for op in nodes]
@@ -120,7 +126,7 @@ class Prepared:
         self.aliases = [tuple(op.cost.grad_aliases_input(s) for s in range(len(op.inputs))) for op in nodes]
         self.saved_slots = [tuple(op.cost.saves_input(s) for s in range(len(op.inputs))) for op in nodes]
         self.params: list[tuple[tuple[str, int], ...]] = [
-            tuple((p.name, round_bytes(p.numel * graph.precision.grad_dtype.n_bytes)) for p in op.spec.params)
+            tuple((p.name, round_bytes(p.grad_elements * graph.precision.grad_dtype.n_bytes)) for p in op.spec.params)
             for op in nodes
         ]
         self.full_pending = [len(self.consumers[t]) + len(self.frame_users[t]) for t in range(n)]
@@ -168,16 +174,28 @@ class Walk:
         self.param_grads_seen: set[str] = set(held_grads)  # gradients a previous micro-batch left allocated
         self.recompute_flops = 0.0
         self.recomputed: list[int] = []
+        self.pending: dict[int, int] = {}  # forward users still to run (this forward or recompute)
         self.unit_members: dict[int, list[int]] = {}
         for i, u in enumerate(self.unit):
             if u is not None:
                 self.unit_members.setdefault(u, []).append(i)
+        # non-reentrant checkpoint recomputes a unit when its first saved tensor is unpacked: at
+        # the backward of its last op that saves anything; later ops' backwards run before it
+        self.trigger: dict[int, int] = {}
+        for u, members in self.unit_members.items():
+            ran, final = recompute_span([prep.nodes[i].cost for i in members])
+            self.trigger[u] = members[final if final is not None else max(0, ran - 1)]
 
     # --- tensors ----------------------------------------------------------------------------
     def _free_tensor(self, t: int) -> None:
         if self.alive[t]:
             self.alive[t] = False
             self.live.add(self.p.category[t], -self.p.out_bytes[t])
+            base = self.p.view_of[t]
+            if base is not None:  # the view held its base's storage
+                self.holds[base] -= 1
+                if self.holds[base] == 0 and self.pending.get(base, 0) == 0 and base != self.p.n - 1:
+                    self._free_tensor(base)
 
     def _hold_for_backward(self, t: int, unit: int | None) -> None:
         """Ops whose backward needs tensor t hold it: savers outside checkpointed units (unit=None),
@@ -195,16 +213,19 @@ class Walk:
         self.holds[t] += len(users)
 
     # --- forward ----------------------------------------------------------------------------
-    def _run_forward(self, members: list[int], phase: Phase, unit: int | None) -> None:
+    def _run_forward(self, members: list[int], phase: Phase, unit: int | None, scope: list[int] | None = None) -> None:
+        """Run ``members``' forwards. A recompute counts the uses of the whole unit (``scope``):
+        a module frame that ends beyond where the recompute stops holds its tensors until then."""
         p, live, last = self.p, self.live, self.p.n - 1
         if phase is Phase.FORWARD:
             pending = dict(enumerate(p.full_pending))
         else:
-            member_set = set(members)
+            member_set = set(scope if scope is not None else members)
             pending = {
                 i: sum(1 for c in p.consumers[i] if c in member_set) + sum(1 for c in p.frame_users[i] if c in member_set)
                 for i in members
             }
+        self.pending = pending
         recompute = phase is Phase.RECOMPUTE
         hooks = self.hooks if phase is Phase.FORWARD else WalkHooks()
         for i in members:
@@ -212,6 +233,9 @@ class Walk:
             cat = p.category[i]
             live.add(cat, p.out_bytes[i])
             self.alive[i] = True
+            base = p.view_of[i]
+            if base is not None:
+                self.holds[base] += 1
             if p.copies[i]:
                 live.add(_TEMPORARIES, p.copies[i])
                 self.copies_alive[i] = True
@@ -258,20 +282,26 @@ class Walk:
         p = self.p
         members = self.unit_members[u]
         ran, final = recompute_span([p.nodes[i].cost for i in members])
-        self._run_forward(members[:ran], Phase.RECOMPUTE, u)
-        if final is None:
-            return
-        final = members[final]
-        if p.copies[final]:
-            self.live.add(_TEMPORARIES, p.copies[final])
-            self.copies_alive[final] = True
-        self.live.add(p.category[final], p.extras[final])
-        self.extras_alive[final] = True
-        self.live.observe(Phase.RECOMPUTE, p.names[final])
-        for slot, t in enumerate(p.inputs[final]):
-            if p.saved_slots[final][slot]:
-                self.release[final].append(t)
-                self.holds[t] += 1
+        self._run_forward(members[:ran], Phase.RECOMPUTE, u, scope=members)
+        if final is not None:
+            stop = members[final]
+            if p.copies[stop]:
+                self.live.add(_TEMPORARIES, p.copies[stop])
+                self.copies_alive[stop] = True
+            self.live.add(p.category[stop], p.extras[stop])
+            self.extras_alive[stop] = True
+            self.live.observe(Phase.RECOMPUTE, p.names[stop])
+            for slot, t in enumerate(p.inputs[stop]):
+                if p.saved_slots[stop][slot]:
+                    self.release[stop].append(t)
+                    self.holds[t] += 1
+        # the recompute stops: the unit's module frames unwind, and what only they held dies
+        unwound = [t for t, uses in self.pending.items() if uses]
+        for t in unwound:
+            self.pending[t] = 0
+        for t in unwound:
+            if self.holds[t] == 0 and t != p.n - 1:
+                self._free_tensor(t)
 
     def _new_buffer(self, n_bytes: int, category: int) -> int:
         self.next_buffer += 1
@@ -315,7 +345,7 @@ class Walk:
         for i in range(n - 1, -1, -1):
             self.hooks.before_backward(self, i)
             u = self.unit[i]
-            if u is not None and self.unit_members[u][-1] == i:
+            if u is not None and self.trigger[u] == i:
                 self._recompute(u)
             cast_later = False
             own = self.grad_buffer[i]
@@ -331,9 +361,9 @@ class Walk:
                             self.buffers[own][2] += 1
                             self.grad_buffer[t] = own
                         else:
-                            self.grad_buffer[t] = self._new_buffer(p.out_bytes[t], p.grad_category[t])
+                            self.grad_buffer[t] = self._new_buffer(p.grad_size[t], p.grad_category[t])
                     elif not aliases[slot]:
-                        momentary[p.grad_category[t] == _LOGITS] += p.out_bytes[t]  # accumulated in place
+                        momentary[p.grad_category[t] == _LOGITS] += p.grad_size[t]  # accumulated in place
                 # under autocast the weight grad is computed in low precision (part of the
                 # transient) and cast to the fp32 .grad afterwards, once the op has released
                 # what it saved (ToCopyBackward runs after the matmul's backward node)

@@ -89,7 +89,7 @@ def estimate_plan(
     hbm: str | int | None = None,
     gpus_per_node: int = 8,
 ) -> PlanResult:
-    """The estimate of one fully fixed configuration (``knobs.data_parallel`` GPUs), as a plan result."""
+    """The estimate of one fully fixed configuration (``knobs.parallel.world_size`` GPUs), as a plan result."""
     hw = load_hardware(hardware)
     cap = hbm_cap(hw, hbm)
     result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap, gpus_per_node=gpus_per_node)
@@ -98,7 +98,7 @@ def estimate_plan(
         training=training,
         hardware=hw,
         hbm_cap_bytes=cap,
-        parallel=ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node),
+        parallel=ParallelConfig(world_size=knobs.parallel.world_size, gpus_per_node=gpus_per_node),
         best=PlanEntry(knobs=knobs, estimate=result),
     )
 

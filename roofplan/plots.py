@@ -105,13 +105,13 @@ def pareto_figure(result: PlanResult) -> Figure:
 def _trace(result: PlanResult) -> tuple[list[int], Any]:
     """The chosen plan's live bytes after every op of one steady-state step, and its static part."""
     from hardware.registry import load_hardware
-    from planner.estimate import cached_graph, check_knobs, static_for
+    from planner.estimate import check_knobs, rank_graph, static_for
     from planner.memory import checkpoint_units, simulate_step
 
     knobs, model, training = result.best.knobs, result.model.config, result.training
     hw = load_hardware(result.hardware)
     spec = check_knobs(model, training, hw, knobs)  # what the step computes in (FSDP2: no autocast), as estimate
-    graph = cached_graph(model, knobs.micro_batch_size, training.seq_len, spec)
+    graph = rank_graph(model, training, knobs, spec, result.parallel.gpus_per_node)
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.schedule, record_trace=True)

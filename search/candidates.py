@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from hardware.profile import HardwareProfile
 from planner.config import ModelConfig, TrainConfig
 from planner.estimate import (
-    cached_graph,
     check_knobs,
     device_bytes,
     estimate,
     peak_lower_bound,
+    rank_graph,
     rank_timing,
     static_for,
     with_communication,
 )
+from planner.graph import LayerGraph
 from planner.knobs import Knobs
 from planner.memory import Phase, Timeline, checkpoint_units, recomputed_ops, simulate_step
 from planner.placement import NotDecomposableError, placement_profile
@@ -59,11 +60,11 @@ class Evaluation:
 
 
 def _per_block_curve(
-    model: ModelConfig, training: TrainConfig, hw: HardwareProfile, base: Knobs, all_checkpointed: Timeline
+    model: ModelConfig, training: TrainConfig, hw: HardwareProfile, base: Knobs, graph: LayerGraph,
+    all_checkpointed: Timeline,
 ) -> list[tuple[int, tuple[int, ...]]]:
-    """For k = 0..L checkpointed blocks: the lowest peak and a placement reaching it."""
-    spec = check_knobs(model, training, hw, base)
-    graph = cached_graph(model, base.micro_batch_size, training.seq_len, spec)
+    """For k = 0..L checkpointed blocks: the lowest peak and a placement reaching it (``graph``:
+    the point's rank graph)."""
     static = static_for(graph, hw, training, base)
     try:
         profile = placement_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed)
@@ -106,7 +107,6 @@ def evaluate(
     checkpointing nothing) that fits ``cap_bytes`` (or the smallest one if none fits).
 
     With ``prune``, a point whose lower bound already exceeds the cap is not walked at all."""
-    micro_batch_size = base.micro_batch_size
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
         est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
@@ -117,7 +117,7 @@ def evaluate(
     if prune and floor > cap_bytes:
         point = ParetoPoint(step_time_s=math.inf, device_bytes=floor, knobs=base)
         return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
-    graph = cached_graph(model, micro_batch_size, training.seq_len, spec)
+    graph = rank_graph(model, training, base, spec, gpus_per_node)
     times, no_recompute = rank_timing(graph, hw, training, base, frozenset())
     fwd_s = dict(zip(times.names, times.fwd_s, strict=True))
     # a step's time is additive in the forward time each checkpointed block runs again
@@ -133,7 +133,7 @@ def evaluate(
                              base.schedule, record_trace=True)
     all_peak = all_walk.peak.bytes
     if device_bytes(all_peak, hw) <= cap_bytes:
-        curve = _per_block_curve(model, training, hw, base, all_walk)
+        curve = _per_block_curve(model, training, hw, base, graph, all_walk)
     else:  # not even every block checkpointed fits: no per-block placement can
         curve = [(all_peak, (1,) * model.n_layers)]
     for peak, placement in curve:
@@ -177,12 +177,12 @@ def least_memory_at(
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
         return knobs, estimate(model, training, hw, knobs, None, gpus_per_node).memory.peak_allocated_bytes
     spec = check_knobs(model, training, hw, base)
-    graph = cached_graph(model, base.micro_batch_size, training.seq_len, spec)
+    graph = rank_graph(model, training, base, spec, gpus_per_node)
     static = static_for(graph, hw, training, base)
     every = tuple(range(model.n_layers))
     all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, every),
                              base.schedule, record_trace=True)
-    peak, placement = min(_per_block_curve(model, training, hw, base, all_walk), key=lambda c: c[0])
+    peak, placement = min(_per_block_curve(model, training, hw, base, graph, all_walk), key=lambda c: c[0])
     options = [(peak, base.model_copy(update={"checkpoint_blocks": tuple(i for i, s in enumerate(placement) if s)}))]
     if allow_segments and strategy_for(base.parallel).allows_segments:  # as the search
         for segments in segment_plans(model.n_layers):

@@ -40,8 +40,8 @@ def validate(
         requested = RequestedMode(mode)
     except ValueError:
         raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run") from None
-    if plan.best.knobs.data_parallel > 1:
-        return _validate_data_parallel(plan, requested, device, steps, hardware, progress)
+    if plan.best.knobs.parallel.world_size > 1:
+        return _validate_several_ranks(plan, requested, device, steps, hardware, progress)
     if requested is RequestedMode.AUTO:
         requested = RequestedMode.RUN if torch.cuda.is_available() else RequestedMode.SIMULATE
     if requested is RequestedMode.SIMULATE:
@@ -52,11 +52,11 @@ def validate(
     return run(plan, device=device or "cuda", steps=steps, profile=profile, progress=progress)
 
 
-def _validate_data_parallel(plan: PlanResult, mode: RequestedMode, device: str | None, steps: int,
+def _validate_several_ranks(plan: PlanResult, mode: RequestedMode, device: str | None, steps: int,
                             hardware: str | Path | None, progress: Progress | None = None) -> ValidationReport:
     from validate.distributed import launched_by_torchrun, run_rank, simulate_rank
 
-    gpus = plan.best.knobs.data_parallel
+    gpus = plan.best.knobs.parallel.world_size
     if mode is RequestedMode.AUTO:
         mode = RequestedMode.RUN if launched_by_torchrun() else RequestedMode.SIMULATE
     if mode is RequestedMode.SIMULATE:

@@ -31,6 +31,7 @@ from planner.config import OptimizerImpl, OptimizerKind, TrainConfig
 from planner.knobs import GradSync, Knobs
 from planner.parallel_dims import Sharding
 from planner.precision import PrecisionSpec
+from validate.parallelize import loss_context
 from validate.reference_model import Transformer
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -144,7 +145,7 @@ def train_step(
         if fsdp_once:
             model.set_requires_gradient_sync(final)  # type: ignore[operator]
         sync = model.no_sync() if ddp and not final else contextlib.nullcontext()  # type: ignore[operator]
-        with sync:
+        with sync, loss_context(knobs):
             with precision_context(spec, device_type):
                 loss = model(input_ids[rows], targets[rows]) / knobs.grad_accum_steps
             if scaler is not None:

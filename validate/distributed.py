@@ -34,7 +34,7 @@ from hardware.errors import ConfigError, PlannerError
 from hardware.profile import HardwareProfile
 from planner.estimate import cached_graph, compute_spec, estimate
 from planner.parallel import zero1_partition
-from planner.parallel_dims import Sharding
+from planner.parallel_dims import ParallelDims, Sharding, layout_label
 from planner.precision import precision_spec
 from planner.results import PlanResult
 from validate.apply import (
@@ -44,10 +44,11 @@ from validate.apply import (
     make_scaler,
     optimizer_state,
     param_dtype,
-    shard_model,
     train_step,
     wrap_data_parallel,
 )
+from validate.layout import apply_layout, device_mesh
+from validate.parallelize import meshes_outside_fake_mode
 from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport
 from validate.run import _predicted, build_report, measure_steps
@@ -78,29 +79,30 @@ def _report(plan: PlanResult, mode: Mode, device: str, steps: int, predicted: Fi
 
 
 @contextmanager
-def fake_process_group(world_size: int) -> Iterator[Any]:
-    """Rank 0 of a ``world_size`` process group whose collectives do nothing; yields its mesh."""
-    from torch.distributed.device_mesh import init_device_mesh
+def fake_process_group(dims: ParallelDims) -> Iterator[Any]:
+    """Rank 0 of a process group of ``dims``' world whose collectives do nothing; yields the
+    layout's device mesh (``validate.layout.device_mesh``)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         raise ConfigError("simulate: a process group is already running (torchrun?); use --mode run under torchrun")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dims.world_size)
     try:
-        yield init_device_mesh("cpu", (world_size,))  # outside FakeTensorMode: it reads its rank map
+        yield device_mesh("cpu", dims)  # outside FakeTensorMode: it reads its rank map
     finally:
         dist.destroy_process_group()
 
 
-def _simulate_fsdp(plan: PlanResult) -> int:
-    """Peak bytes of rank 0 running the plan's FSDP2 step under a fake process group."""
+def _simulate_layout(plan: PlanResult) -> int:
+    """Peak bytes of rank 0 running the plan's step (tensor parallelism, FSDP2) on a fake process
+    group under fake tensors."""
     model, training, knobs = plan.model.config, plan.training, steady_state_knobs(plan.best.knobs)
     spec = precision_spec(knobs.precision)
     rows = plan.best.knobs.micro_batch_size * plan.best.knobs.grad_accum_steps  # the whole step's batch
-    with fake_process_group(knobs.data_parallel) as mesh, FakeTensorMode():
+    with fake_process_group(knobs.parallel) as mesh, FakeTensorMode(), meshes_outside_fake_mode():
         built = configure_model(build_model(model, param_dtype(spec)), knobs)
         as_on_a_gpu(built)
-        net = shard_model(built, knobs, spec, mesh)
+        net = apply_layout(built, knobs, spec, mesh)
         optimizer = make_optimizer(net, training)
         ids = torch.randint(0, model.vocab_size, (rows, training.seq_len))
         step_spec = compute_spec(knobs)
@@ -123,13 +125,15 @@ def simulate_rank(plan: PlanResult, progress: Progress | None = None) -> Validat
     (``steady_state_knobs``: the same peak)."""
     model, training, knobs = plan.model.config, plan.training, steady_state_knobs(plan.best.knobs)
     say = progress or (lambda _text: None)
-    say(f"simulating rank 0 of {knobs.data_parallel} under fake tensors")
+    dims = knobs.parallel
+    say(f"simulating rank 0 of {dims.world_size} under fake tensors")
     predicted = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None,
                                                                   "model_flops_per_step": None})
-    if knobs.parallel.shards_parameters:
-        measured = Figures(peak_allocated_bytes=_simulate_fsdp(plan))
-        notes: tuple[str, ...] = (f"simulate: rank 0 of {knobs.data_parallel} running FSDP2 on a fake process group under fake "
-                 "tensors (collectives are no-ops on the real buffers); no communication time",)
+    if dims.shards_parameters or dims.tp > 1:
+        measured = Figures(peak_allocated_bytes=_simulate_layout(plan))
+        notes: tuple[str, ...] = (f"simulate: rank 0 of {dims.world_size} running {layout_label(dims)} on a fake process "
+                                  "group under fake tensors (collectives are no-ops on the real buffers); no "
+                                  "communication time",)
         notes += shortened_step_note(plan.best.knobs, flops_counted=False) + simulated_dropout_note(model)
         return _report(plan, Mode.SIMULATE, "cpu (fake tensors, fake process group)", 1, predicted, [measured], notes,
                        TOLERANCES[(Mode.SIMULATE, "cpu")])
@@ -173,9 +177,9 @@ def run_rank(plan: PlanResult, device: str, steps: int, profile: HardwareProfile
     """This rank's part of a torchrun validation; returns the report on rank 0, None elsewhere."""
     knobs = plan.best.knobs
     world = int(os.environ["WORLD_SIZE"])
-    if world != knobs.data_parallel:
-        raise ConfigError(f"torchrun: {world} processes, but the plan is for {knobs.data_parallel} GPUs; "
-                          f"use --nproc-per-node {knobs.data_parallel} (times nodes)")
+    if world != knobs.parallel.world_size:
+        raise ConfigError(f"torchrun: {world} processes, but the plan is for {knobs.parallel.world_size} GPUs; "
+                          f"use --nproc-per-node {knobs.parallel.world_size} (times nodes)")
     dev = torch.device(device)
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -214,16 +218,15 @@ def _rank_report(plan: PlanResult, dev: torch.device, steps: int, profile: Hardw
     torch.manual_seed(1234 + rank)
     with torch.device(dev):
         net = configure_model(build_model(model, param_dtype(spec)), knobs)
-    if knobs.parallel.shards_parameters:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        wrapped: torch.nn.Module = shard_model(net, knobs, spec, init_device_mesh(dev.type, (world,)))
+    if knobs.parallel.shards_parameters or knobs.parallel.tp > 1:
+        wrapped: torch.nn.Module = apply_layout(net, knobs, spec, device_mesh(dev.type, knobs.parallel))
         optimizer = make_optimizer(wrapped, training)
     else:
         wrapped = wrap_data_parallel(net, dev)
         optimizer = make_optimizer(wrapped, training, knobs.parallel.sharding)
     step_spec = compute_spec(knobs)
     rows = knobs.micro_batch_size * knobs.grad_accum_steps
+    torch.manual_seed(4321 + rank // knobs.parallel.tp)  # a tensor-parallel group shares its batch
     ids = torch.randint(0, model.vocab_size, (rows, training.seq_len), device=dev)
     scaler = make_scaler(spec, dev.type)
 

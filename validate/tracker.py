@@ -8,7 +8,13 @@ maximum is what ``torch.cuda.max_memory_allocated()`` would read for the same co
 
 Storages that exist before the tracker starts (parameters, buffers) are added with ``track``.
 A wrapper subclass (DTensor: FSDP2's sharded parameters, gradients and Adam moments) is counted
-through its inner tensors. FSDP2 allocates and frees its unsharded buffers with
+through its inner tensors. As PyTorch's own ``torch.distributed._tools.mem_tracker.MemTracker``
+does, an op on DTensors is handed back to DTensor first (``NotImplemented``), so the local ops it
+desugars into (a redistribution's copies, loss_parallel's temporaries) are seen one by one;
+DTensor's sharding propagation (``ShardingPropagator._propagate_tensor_meta_non_cached``: it
+runs the op on fake tensors for their shapes, under the simulation's own fake mode when there is
+one) is not counted; and under fake tensors ``wait_tensor`` returns its input, as it does on a
+device (its fake kernel makes a new tensor). FSDP2 allocates and frees its unsharded buffers with
 ``UntypedStorage.resize_``, which bypasses
 dispatch modes: while the tracker is active, ``resize_`` is wrapped so a tracked storage's size
 follows it (and a storage first seen at size 0 is tracked when it grows).
@@ -22,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._guards import active_fake_mode
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
@@ -101,8 +109,22 @@ class LiveStorageTracker(TorchDispatchMode):
             self.peak_bytes = self.live_bytes
 
     def __enter__(self) -> LiveStorageTracker:
-        original = torch.UntypedStorage.resize_
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
         tracker = self
+        self._propagating = 0
+        propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+
+        def shapes_only(*args: Any, **kwargs: Any) -> Any:
+            tracker._propagating += 1
+            try:
+                return propagate(*args, **kwargs)
+            finally:
+                tracker._propagating -= 1
+
+        self._original_propagate = propagate
+        ShardingPropagator._propagate_tensor_meta_non_cached = shapes_only  # type: ignore[method-assign]
+        original = torch.UntypedStorage.resize_
 
         def resize_(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
             result = original(storage, size)
@@ -114,11 +136,20 @@ class LiveStorageTracker(TorchDispatchMode):
         return super().__enter__()  # type: ignore[no-any-return]
 
     def __exit__(self, *exc: Any) -> None:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        ShardingPropagator._propagate_tensor_meta_non_cached = self._original_propagate  # type: ignore[method-assign]
         torch.UntypedStorage.resize_ = self._original_resize  # type: ignore[method-assign]
         super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(t is DTensor for t in types):
+            return NotImplemented  # DTensor desugars it into local ops, which come back here
+        if func is torch.ops._c10d_functional.wait_tensor.default and active_fake_mode() is not None:
+            return args[0]
         out = func(*args, **(kwargs or {}))
+        if self._propagating:  # DTensor's sharding propagation: shapes, not memory
+            return out
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
                 self._add(item)

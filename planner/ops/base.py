@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hardware.collectives import Collective
 from hardware.dtypes import DType
 from hardware.kernels import AttentionKernel, AttentionShape, GemmShape
 from planner.precision import PrecisionSpec
@@ -34,6 +35,12 @@ class OpKind(StrEnum):
     DROPOUT = "dropout"
     CAST = "cast"
     CROSS_ENTROPY = "cross_entropy"
+    # collectives of a parallel group, named as Megatron-LM's mappings (core/tensor_parallel/mappings.py)
+    COPY_TO_REGION = "copy_to_region"  # forward: the same tensor (a view); backward: all-reduce
+    REDUCE_FROM_REGION = "reduce_from_region"  # forward: all-reduce of partial sums; backward: the same
+    GATHER_FROM_SEQUENCE = "gather_from_sequence"  # forward: all-gather along the sequence; backward: reduce-scatter
+    REDUCE_SCATTER_TO_SEQUENCE = "reduce_scatter_to_sequence"  # forward: reduce-scatter; backward: all-gather
+    SCATTER_TO_SEQUENCE = "scatter_to_sequence"  # forward: keep this rank's chunk (a copy); backward: all-gather
 
 
 class TensorInfo(BaseModel):
@@ -60,10 +67,15 @@ class ParamTensor(BaseModel):
     name: str
     numel: int
     rows: int = 0  # 0: a 1-D tensor whose rows are its elements
+    grad_numel: int = 0  # 0: the gradient has the parameter's shape (a vocabulary-parallel embedding's is whole)
 
     @property
     def dim0(self) -> int:
         return self.rows or self.numel
+
+    @property
+    def grad_elements(self) -> int:
+        return self.grad_numel or self.numel
 
 
 class LayerSpec(BaseModel):
@@ -81,8 +93,21 @@ class LayerSpec(BaseModel):
     head_dim: int = 0
     dropout: float = 0.0
     attention_kernel: AttentionKernel | None = None  # the fused kernel named by the model; None: the device's
+    group_size: int = 1  # collectives and sharded ops: ranks of the parallel group
+    ranks_per_node: int = 1  # of those, how many share a node (NVLink) with this rank
     params: tuple[ParamTensor, ...] = ()
     owns_params: bool = True  # False when the params belong to another op (tied LM head)
+
+
+class CollectiveCall(BaseModel):
+    """One collective an op runs: its kind, the bytes of the whole tensor (not a shard, as NCCL's
+    and nccl-tests' sizes count), the group's size and how many of it share this rank's node."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Collective
+    n_bytes: float
+    group_size: int
+    ranks_per_node: int
 
 
 class OpContext(BaseModel):
@@ -121,7 +146,10 @@ class LayerCost(BaseModel):
     matmul: bool = False  # runs at the policy's matmul precision
     gemm: GemmShape | None = None  # the matmul's shape (its efficiency falls off for small ones)
     attention: AttentionShape | None = None  # the attention call (its kernel's measured rate)
+    fwd_collective: CollectiveCall | None = None  # a collective on the critical path of the forward
+    bwd_collective: CollectiveCall | None = None  # ... of the backward
     output: TensorInfo
+    output_is_view: bool = False  # the output shares its first input's storage (allocates nothing)
     saves_inputs: tuple[bool, ...] = ()
     saves_output: bool = False
     saved_extra_bytes: tuple[int, ...] = ()  # tensors the op creates and keeps for backward
@@ -189,6 +217,7 @@ def linear_flops(tokens: int, in_features: int, out_features: int) -> float:
 
 __all__ = [
     "AllocSequence",
+    "CollectiveCall",
     "Field",
     "LayerCost",
     "LayerSpec",

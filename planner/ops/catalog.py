@@ -3,7 +3,7 @@ fill the registry (``planner.ops.registry``). Look formulas up here."""
 
 from __future__ import annotations
 
-from planner.ops import attention, elementwise, embedding, linear, loss, norm  # noqa: F401  (registers them)
+from planner.ops import attention, collectives, elementwise, embedding, linear, loss, norm  # noqa: F401  (registers them)
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind
 from planner.ops.registry import Formula, registered, registered_kinds
 

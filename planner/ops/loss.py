@@ -5,8 +5,9 @@ The logits are often the largest tensors of a step: B*T*V elements, and several 
 
 from __future__ import annotations
 
+from hardware.collectives import Collective
 from hardware.dtypes import DType
-from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
+from planner.ops.base import CollectiveCall, LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
 from planner.ops.registry import register
 
 
@@ -33,6 +34,8 @@ def cross_entropy_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     three (B*T, V) fp32 tensors coexist at the start of backward.
     """
     x = ctx.inputs[0]
+    if spec.group_size > 1:
+        return _loss_parallel_cost(spec, ctx)
     return LayerCost(
         output=TensorInfo(numel=1, dtype=DType.FP32),
         saved_extra_bytes=(x.numel * DType.FP32.n_bytes, 4),
@@ -41,4 +44,31 @@ def cross_entropy_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         fwd_kernels=2,
         bwd_kernels=2,
         bwd_transient_bytes=x.numel * DType.FP32.n_bytes,
+    )
+
+
+def _loss_parallel_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """Cross-entropy over vocabulary-sharded logits under ``loss_parallel()`` (x: this rank's
+    (B*T, V/t) fp32 logits; torch/distributed/tensor/parallel/loss.py). The log-softmax is
+    written out: ``shifted = x - allreduce_max(amax(x))``, ``exp(shifted)``, its row sums
+    all-reduced, ``shifted - log(sum)`` saved as the log-probabilities: x, ``shifted`` and
+    ``exp`` (then the result) exist at once, one (B*T, V/t) more than a fused log_softmax keeps.
+    The target logit is gathered under a mask and all-reduced. Backward (one handler for both
+    ops, ``_nll_loss_and_log_softmax_backward``): ``(zeros_like(x) + exp(logp)) * grad``, with
+    the zeros, the exp or the sum, and the product alive together: two (B*T, V/t) more than the
+    logits gradient. Three all-reduces of B*T fp32 values per forward; none in the backward."""
+    x = ctx.inputs[0]
+    local = x.numel * DType.FP32.n_bytes
+    rows = ctx.tokens
+    return LayerCost(
+        output=TensorInfo(numel=1, dtype=DType.FP32),
+        saved_extra_bytes=(local, 4),
+        fwd_transient_bytes=local,
+        bwd_transient_bytes=2 * local,
+        fwd_collective=CollectiveCall(kind=Collective.ALL_REDUCE, n_bytes=3 * rows * 4, group_size=spec.group_size,
+                                      ranks_per_node=spec.ranks_per_node),
+        fwd_bytes_moved=6 * x.n_bytes,
+        bwd_bytes_moved=6 * x.n_bytes,
+        fwd_kernels=9,
+        bwd_kernels=6,
     )

@@ -42,7 +42,10 @@ def rmsnorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
 
     Saved for backward: x (by ``pow`` and the first ``mul``), rstd (B, T, 1) and the normalised
     ``x * rstd`` (B, T, D) (by the weight ``mul``). ``x^2`` is freed after the mean. Backward
-    builds the mul, mean and pow gradients: about three (B, T, D) temporaries at once.
+    runs one autograd node per op: the weight ``mul``'s node consumes the output gradient (freed
+    once it returns, with the saved ``x * rstd``); at the peak, in ``pow``'s node, the first
+    input-gradient term and the mean, pow and product gradients exist: two (B, T, D) tensors
+    beyond the output gradient and input gradient the walk counts.
     """
     x = ctx.inputs[0]
     dtype = _norm_dtype(ctx)
@@ -57,7 +60,7 @@ def rmsnorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         bwd_bytes_moved=10 * u,
         fwd_kernels=6,
         bwd_kernels=9,
-        bwd_transient_bytes=3 * u,
+        bwd_transient_bytes=2 * u,
         param_numel=sum(p.numel for p in spec.params),
         param_dtype=ctx.precision.param_dtype,
     )

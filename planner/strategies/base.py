@@ -16,6 +16,7 @@ from planner.errors import ConfigError
 from planner.graph import LayerGraph
 from planner.knobs import Knobs
 from planner.memory_types import StaticMemory
+from planner.ops.base import ParamTensor
 from planner.optimizer import OptimizerSpec
 from planner.parallel import Communication
 from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
@@ -54,12 +55,13 @@ class SingleDevice:
         """This rank's collectives of one step and what compute hides of them (None: none)."""
         return None
 
-    def model_state_lower_bound(self, sizes: Mapping[str, int], spec: PrecisionSpec, knobs: Knobs,
+    def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,
                                 hw: HardwareProfile, state_tensors_per_param: int) -> int:
         """Parameters, optimizer state and (where some exist at the loss of the last micro-batch)
-        gradients that every checkpoint placement holds, without building the graph."""
-        params = sum(hw.round_alloc(n * spec.param_dtype.n_bytes) for n in sizes.values())
-        grads = sum(hw.round_alloc(n * spec.grad_dtype.n_bytes) for n in sizes.values())
+        gradients that every checkpoint placement holds, without building the graph (``tensors``:
+        the rank's parameters, as its description has them)."""
+        params = sum(hw.round_alloc(p.numel * spec.param_dtype.n_bytes) for p in tensors.values())
+        grads = sum(hw.round_alloc(p.grad_elements * spec.grad_dtype.n_bytes) for p in tensors.values())
         return params * (1 + state_tensors_per_param) + (grads if self._grads_at_loss(knobs) else 0)
 
     def _grads_at_loss(self, knobs: Knobs) -> bool:

@@ -37,11 +37,12 @@ class Ddp(SingleDevice):
 
     def communication(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
                       time: TimeBreakdown) -> Communication | None:
-        grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.param_tensors.values()]
+        grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.grad_tensors.values()]
         param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
         window = (time.backward_s + time.recompute_s) / knobs.grad_accum_steps  # the last micro-batch's backward
         return ddp_communication(grad_bytes, param_bytes, self.shards_optimizer, hw,
-                                 ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node), window)
+                                 ParallelConfig(world_size=knobs.data_parallel,
+                                                gpus_per_node=knobs.parallel.ranks_per_node("dp", gpus_per_node)), window)
 
     def _grads_at_loss(self, knobs: Knobs) -> bool:
         return True  # DDP's buckets exist for the whole step
@@ -66,10 +67,10 @@ class ZeroOne(Ddp):
         partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)
         return max(sum(p.numel for p in part) for part in partitions) / graph.n_params
 
-    def model_state_lower_bound(self, sizes: Mapping[str, int], spec: PrecisionSpec, knobs: Knobs,
+    def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,
                                 hw: HardwareProfile, state_tensors_per_param: int) -> int:
-        params = sum(hw.round_alloc(n * spec.param_dtype.n_bytes) for n in sizes.values())
-        partitions = zero1_partition([ParamTensor(name=k, numel=n) for k, n in sizes.items()], knobs.data_parallel)
+        params = sum(hw.round_alloc(p.numel * spec.param_dtype.n_bytes) for p in tensors.values())
+        partitions = zero1_partition(list(tensors.values()), knobs.data_parallel)
         state = max(sum(hw.round_alloc(p.numel * spec.param_dtype.n_bytes) for p in part) for part in partitions)
-        grads = sum(hw.round_alloc(n * spec.grad_dtype.n_bytes) for n in sizes.values())
+        grads = sum(hw.round_alloc(p.grad_elements * spec.grad_dtype.n_bytes) for p in tensors.values())
         return params + state * state_tensors_per_param + grads

@@ -18,6 +18,7 @@ from planner.fsdp import FSDP_PRECISIONS, FsdpLayout, fsdp_communication, fsdp_l
 from planner.graph import LayerGraph
 from planner.knobs import Knobs
 from planner.memory_types import StaticMemory
+from planner.ops.base import ParamTensor
 from planner.optimizer import OptimizerSpec
 from planner.parallel import Communication, ParallelConfig
 from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
@@ -75,12 +76,13 @@ class Fsdp2(SingleDevice):
                       time: TimeBreakdown) -> Communication | None:
         n = knobs.grad_accum_steps
         return fsdp_communication(self.layout(graph, knobs, hw), hw,
-                                  ParallelConfig(world_size=knobs.data_parallel, gpus_per_node=gpus_per_node), n,
+                                  ParallelConfig(world_size=knobs.data_parallel,
+                                                 gpus_per_node=knobs.parallel.ranks_per_node("dp", gpus_per_node)), n,
                                   time.forward_s / n, (time.backward_s + time.recompute_s) / n)
 
-    def model_state_lower_bound(self, sizes: Mapping[str, int], spec: PrecisionSpec, knobs: Knobs,
+    def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,
                                 hw: HardwareProfile, state_tensors_per_param: int) -> int:
         """Rank 0 holds at least 1/N of each tensor as parameters, each state tensor and (after the
         first micro-batch) the sharded gradient."""
-        shards = sum(n * spec.param_dtype.n_bytes // knobs.data_parallel for n in sizes.values())
+        shards = sum(p.numel * spec.param_dtype.n_bytes // knobs.data_parallel for p in tensors.values())
         return shards * (1 + state_tensors_per_param) + (shards if knobs.grad_accum_steps > 1 else 0)

@@ -1,0 +1,169 @@
+"""Tensor parallelism (with sequence parallelism) as PyTorch's ``parallelize_module`` runs it.
+
+The plan applied to the reference model (``validate.apply.tensor_parallel_plan``), torchtitan's
+Llama plan (torchtitan/models/llama3/infra/parallelize.py, ``apply_tp``) on our module names:
+
+| module | style | this rank computes |
+|---|---|---|
+| ``embed`` | RowwiseParallel(input Replicate, output Shard(1) under SP else Replicate) | V/t rows of the table |
+| ``attn_norm``, ``mlp_norm``, ``final_norm`` | SequenceParallel (SP) or nothing | T/t tokens (SP) or all |
+| ``attn``, ``mlp`` | PrepareModuleInput(Shard(1) or Replicate -> Replicate) | one gather (SP) per module |
+| ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` | ColwiseParallel | out_features / t |
+| attention core | (local heads) | N/t query heads, K/t key/value heads |
+| ``o_proj``, ``down_proj`` | RowwiseParallel(output Shard(1) under SP else Replicate) | in_features / t, partial sums |
+| ``lm_head`` | ColwiseParallel(input Shard(1) or Replicate, output Shard(-1)) | V/t logits |
+| loss | ``loss_parallel()`` | cross-entropy over V/t logits |
+
+The rewrite inserts the collectives of ``planner.ops.collectives`` where the styles run them:
+a copy-to-region (no SP: backward all-reduce) or a gather-from-sequence (SP) in front of every
+colwise group, a reduce-from-region (no SP: all-reduce) or a reduce-scatter-to-sequence (SP)
+behind every rowwise linear and the vocabulary-parallel embedding, so the graph built from the
+rewritten description is one rank's program. Sizes split unevenly are chunked as DTensor's
+``Shard`` does (``ceil(n/t)`` on the first ranks; rank 0 holds the most).
+
+Korthikanti et al. 2022 (arXiv:2205.05198, Table 2) count the same tensors with one
+difference under SP: Megatron-LM's linear saves its sequence-sharded input and all-gathers it
+again in the backward, while DTensor's colwise linears save the gathered input, so each block
+keeps two full (B, T, D) activations more than their ``34 sbh / t``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from planner.blocks import ModelDesc, OpDesc, TpRole
+from planner.config import ModelConfig, PositionKind
+from planner.errors import ConfigError
+from planner.ops.base import OpKind, ParamTensor
+from planner.parallel_dims import ParallelDims
+
+
+def _chunk(n: int, ranks: int) -> int:
+    """Rank 0's share of ``n`` split by ``torch.chunk`` (DTensor's Shard)."""
+    return math.ceil(n / ranks)
+
+
+def check_tensor_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) -> None:
+    """Refuse layouts PyTorch cannot run as planned, naming the field and the fix."""
+    tp, sequence_parallel = dims.tp, dims.sp
+    if tp == 1:
+        return
+    if dims.data_parallel > 1 and not dims.shards_parameters:
+        raise ConfigError(f"parallel.tp: tensor parallelism with {dims.data_parallel} data-parallel replicas under DDP "
+                          "or ZeRO-1 is not modelled (DDP needs its DTensor parameters made local first; torchtitan "
+                          "runs FSDP2 x TP): use ZeRO-2 or ZeRO-3 (FSDP2) for the data-parallel dimension")
+    if model.tie_embeddings:
+        raise ConfigError(f"parallel.tp: {model.name} ties its LM head to the token embedding; PyTorch's "
+                          "parallelize_module registers the sharded LM head weight as a parameter of its own, which "
+                          "unties them: untie them (tie_embeddings: false) or use tp 1")
+    if model.n_heads % tp:
+        raise ConfigError(f"parallel.tp: {tp} does not divide the {model.n_heads} attention heads of "
+                          f"{model.name}; use a tp that divides n_heads")
+    if model.kv_heads % tp:
+        raise ConfigError(f"parallel.tp: {tp} is more than or does not divide the {model.kv_heads} key/value heads "
+                          f"of {model.name}; replicating key/value heads across a tensor-parallel group is not "
+                          "modelled: use a tp that divides n_kv_heads")
+    if sequence_parallel and seq_len % tp:
+        raise ConfigError(f"parallel.sp: sequence parallelism splits the {seq_len} tokens of a sequence over tp {tp}; "
+                          "use a seq_len divisible by tp, or no sequence parallelism")
+
+
+def _param(param: ParamTensor, numel: int, rows: int) -> ParamTensor:
+    return ParamTensor(name=param.name, numel=numel, rows=rows)
+
+
+def _colwise(op: OpDesc, tp: int) -> OpDesc:
+    """Weight (O, I) Shard(0): O/t rows; bias Shard(0)."""
+    i, o = int(op.field("in_features")), int(op.field("out_features"))
+    local = _chunk(o, tp)
+    params = tuple(_param(p, i * local, local) if p.name.endswith("weight") else _param(p, local, 0)
+                   for p in op.params)
+    return replace(op, params=params).with_fields(out_features=local)
+
+
+def _rowwise(op: OpDesc, tp: int) -> OpDesc:
+    """Weight (O, I) Shard(1): every row, I/t columns; bias replicated."""
+    i, o = int(op.field("in_features")), int(op.field("out_features"))
+    local = _chunk(i, tp)
+    params = tuple(_param(p, o * local, o) if p.name.endswith("weight") else p for p in op.params)
+    return replace(op, params=params).with_fields(in_features=local)
+
+
+def _vocab_rows(op: OpDesc, tp: int) -> OpDesc:
+    """The embedding (V, D) Shard(0): V/t rows. Its gradient is whole: DTensor's sharding of
+    ``embedding_dense_backward`` (a replicated output gradient and indices) writes the full
+    (V, D) gradient on every rank, a Replicate ``.grad`` the optimizer step slices."""
+    v, d = int(op.field("in_features")), int(op.field("out_features"))
+    local = _chunk(v, tp)
+    params = tuple(ParamTensor(name=p.name, numel=local * d, rows=local, grad_numel=v * d) for p in op.params)
+    return replace(op, params=params).with_fields(in_features=local)
+
+
+def shard_tensor_parallel(desc: ModelDesc, model: ModelConfig, tp: int, sequence_parallel: bool,
+                          ranks_per_node: int) -> ModelDesc:
+    """One tensor-parallel rank's description (see the module docstring)."""
+    if tp == 1:
+        return desc
+    group = {"group_size": tp, "ranks_per_node": ranks_per_node}
+    ops: list[OpDesc] = []
+    rename: dict[str, str] = {}  # tensor -> the collective its consumers read instead
+    entries: dict[str, str] = {}  # colwise group input -> its entry collective
+    sharded: set[str] = set()  # tensors split along the sequence (SP)
+    ends: dict[str, str] = {}  # module-call frames that now end at a collective
+
+    def collective(name: str, kind: OpKind, source: str, block: int | None) -> str:
+        ops.append(OpDesc(name=name, kind=kind, inputs=(source,), block=block, tp=TpRole.REPLICATE,
+                          fields=tuple(sorted(group.items()))))
+        return name
+
+    scatter_before_blocks = sequence_parallel and model.positions is PositionKind.LEARNED
+    for op in desc.ops:
+        inputs = tuple(rename.get(name, name) for name in op.inputs)
+        if scatter_before_blocks and op.block == 0 and op.tp is TpRole.SEQUENCE and inputs[0] not in sharded:
+            # learned positions are added to the whole sequence: shard the stream as it enters the blocks
+            stream = collective("blocks.0.tp_scatter", OpKind.SCATTER_TO_SEQUENCE, inputs[0], 0)
+            sharded.add(stream)
+            rename[inputs[0]] = stream
+            inputs = (stream, *inputs[1:])
+        if op.kind is OpKind.LINEAR and op.tp in (TpRole.COLWISE, TpRole.VOCAB):
+            x = inputs[0]
+            if x not in entries:
+                owner = op.name.rsplit(".", 1)[0] if op.block is not None else op.name
+                kind = OpKind.GATHER_FROM_SEQUENCE if x in sharded else OpKind.COPY_TO_REGION
+                entries[x] = collective(f"{owner}.tp_in", kind, x, op.block)
+            ops.append(replace(_colwise(op, tp), inputs=(entries[x], *inputs[1:])))
+            continue
+        if op.kind is OpKind.LINEAR and op.tp is TpRole.ROWWISE:
+            ops.append(replace(_rowwise(op, tp), inputs=inputs))
+            kind = OpKind.REDUCE_SCATTER_TO_SEQUENCE if sequence_parallel else OpKind.REDUCE_FROM_REGION
+            out = collective(f"{op.name}.tp_out", kind, op.name, op.block)
+            if sequence_parallel:
+                sharded.add(out)
+            rename[op.name] = ends[op.name] = out
+            continue
+        if op.kind is OpKind.EMBEDDING:
+            ops.append(replace(_vocab_rows(op, tp), inputs=inputs))
+            to_sequence = sequence_parallel and not scatter_before_blocks
+            kind = OpKind.REDUCE_SCATTER_TO_SEQUENCE if to_sequence else OpKind.REDUCE_FROM_REGION
+            out = collective(f"{op.name}.tp_out", kind, op.name, None)
+            if to_sequence:
+                sharded.add(out)
+            rename[op.name] = out
+            continue
+        if op.tp is TpRole.HEADS:
+            op = op.with_fields(n_heads=model.n_heads // tp, n_kv_heads=model.kv_heads // tp)
+        elif op.kind is OpKind.CROSS_ENTROPY:
+            op = op.with_fields(**group)  # loss_parallel: all-reduces of per-row statistics
+        new = replace(op, inputs=inputs)
+        if op.tp is TpRole.SEQUENCE and any(name in sharded for name in inputs):
+            sharded.add(op.name)
+        ops.append(new)
+    holds: list[tuple[str, str]] = []
+    for tensor, until in desc.held_until:
+        until = ends.get(until, until)
+        holds.append((tensor, until))
+        entry = entries.get(rename.get(tensor, tensor))
+        if entry is not None:  # the module's forward receives the entry's output: its frame holds that too
+            holds.append((entry, until))
+    return ModelDesc(ops=tuple(ops), held_until=tuple(holds))
