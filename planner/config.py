@@ -6,6 +6,7 @@ bad file fails with the field's name rather than deep inside a formula.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -128,19 +129,9 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _shapes_consistent(self) -> ModelConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); change one of them"
-            )
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}) for grouped-query attention"
-            )
-        if self.positions is PositionKind.LEARNED and self.max_seq_len is None:
-            raise ValueError("max_seq_len: required with learned positions (the position table has max_seq_len "
-                             "rows); add it to the model section")
-        if self.positions is PositionKind.ROTARY and self.head_dim % 2:
-            raise ValueError(f"rotary positions need an even head dim, got d_model/n_heads = {self.head_dim}")
+        problems = shape_problems(self.model_dump())
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -159,6 +150,30 @@ class ModelConfig(BaseModel):
     def kv_heads(self) -> int:
         """K (never None after validation)."""
         return self.n_kv_heads or self.n_heads
+
+
+def shape_problems(values: Mapping[str, Any]) -> list[str]:
+    """Every problem between fields of a model section (family defaults applied) whose values are
+    themselves valid: ``ModelConfig`` raises them together, and a file that also has bad fields
+    gets them in the same message (pydantic runs no model check while a field fails)."""
+    def size(key: str) -> int | None:
+        value = values.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    d, n = size("d_model"), size("n_heads")
+    k = size("n_kv_heads") if values.get("n_kv_heads") is not None else n
+    positions = values.get("positions")
+    problems = []
+    if d and n and d % n:
+        problems.append(f"d_model ({d}) must be divisible by n_heads ({n}); change one of them")
+    if n and k and n % k:
+        problems.append(f"n_heads ({n}) must be divisible by n_kv_heads ({k}) for grouped-query attention")
+    if positions in (PositionKind.LEARNED, PositionKind.LEARNED.value) and values.get("max_seq_len") is None:
+        problems.append("max_seq_len: required with learned positions (the position table has max_seq_len rows); "
+                        "add it to the model section")
+    if positions in (PositionKind.ROTARY, PositionKind.ROTARY.value) and d and n and not d % n and (d // n) % 2:
+        problems.append(f"rotary positions need an even head dim, got d_model/n_heads = {d // n}")
+    return problems
 
 
 class TrainConfig(BaseModel):

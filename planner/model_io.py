@@ -38,6 +38,7 @@ from planner.config import (
     ModelConfig,
     PositionKind,
     TrainConfig,
+    shape_problems,
 )
 from planner.errors import ConfigError, ConfigWarning, UnknownPresetError
 from planner.hf_config import hf_name, model_from_hf_config
@@ -160,7 +161,10 @@ def _workload_from_sections(data: Any, context: str) -> Workload:
     try:
         return Workload.model_validate({"model": model, "training": training})
     except ValidationError as error:
-        raise ConfigError(describe_validation_error(error, context)) from None
+        message = describe_validation_error(error, context)
+        # the checks between fields do not run while a field fails: name them in the same message
+        extra = [f"model: {p}" for p in shape_problems(ModelConfig._family_defaults(dict(model))) if p not in message]
+        raise ConfigError("; ".join([message, *extra])) from None
 
 
 def _load_path(path: Path, shown: str) -> Workload:

@@ -84,6 +84,22 @@ def test_every_wrong_field_is_named_in_one_message(tmp_path: Path, capsys: pytes
     assert "more problem" not in lines[0]
 
 
+def test_checks_between_fields_are_named_with_the_bad_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """d_model not divisible by n_heads, n_heads by n_kv_heads and a negative d_ff: all three in the
+    one line (pydantic runs no check between fields while a field fails)."""
+    text = MINIMAL.replace("d_model: 64", "d_model: 65").replace("n_heads: 4", "n_heads: 4\n  n_kv_heads: 3").replace(
+        "d_ff: 128", "d_ff: -1")
+    code = plan_main(["--model", _write(tmp_path, text)])
+    _, err = capsys.readouterr()
+    assert code == 2
+    line, = err.strip().splitlines()
+    for what in ("model.d_ff", "d_model (65) must be divisible by n_heads (4)", "n_heads (4) must be divisible by n_kv_heads (3)"):
+        assert what in line, what
+    with pytest.raises(ValueError) as error:  # in Python too: both checks between fields at once
+        ModelConfig(family="llama", n_layers=2, d_model=65, n_heads=4, n_kv_heads=3, d_ff=128, vocab_size=1000)
+    assert "n_kv_heads (3)" in str(error.value) and "d_model (65)" in str(error.value)
+
+
 def test_a_config_built_in_python_keeps_working_without_max_seq_len() -> None:
     model = ModelConfig(family="llama", n_layers=2, d_model=64, n_heads=4, d_ff=128, vocab_size=1000)
     _, training = api.load_model(model, seq_len=64, global_batch_size=8)
