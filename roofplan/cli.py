@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hardware.errors import PlannerError
-from roofplan.cli_support import OneLineParser
+from roofplan.cli_support import OneLineParser, survives_closed_pipe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,6 +205,7 @@ def _one_line_warning(message: Warning | str, category: type[Warning], *_: objec
     print(f"plan: warning: {message}", file=sys.stderr)
 
 
+@survives_closed_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 

@@ -45,3 +45,24 @@ class StageProgress:
     def __exit__(self, *exc: object) -> None:
         if self.status is not None:
             self.status.__exit__(None, None, None)
+
+
+def survives_closed_pipe(main: Callable[..., int]) -> Callable[..., int]:
+    """A command whose reader stops early (``plan ... | head``) ends quietly with status 141, as a
+    process killed by SIGPIPE does, instead of printing Python's BrokenPipeError traceback."""
+    import functools
+    import os
+    import sys
+
+    @functools.wraps(main)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        try:
+            code = main(*args, **kwargs)
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's own final flush must not fail too
+            return 141
+
+    return wrapper

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from hardware.errors import PlannerError
 from hardware.registry import DEFAULT_HARDWARE, bundled_names, load_hardware
 from hardware.units import format_bytes
-from roofplan.cli_support import OneLineParser
+from roofplan.cli_support import OneLineParser, survives_closed_pipe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +103,7 @@ def _show(name: str, as_json: bool) -> None:
     Console().print(table)
 
 
+@survives_closed_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hardware.errors import PlannerError
-from roofplan.cli_support import OneLineParser, StageProgress
+from roofplan.cli_support import OneLineParser, StageProgress, survives_closed_pipe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +53,7 @@ def _import_api():  # noqa: ANN202
     return api
 
 
+@survives_closed_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

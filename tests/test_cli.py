@@ -346,3 +346,12 @@ def test_time_table_says_what_the_step_time_was_checked_against(capsys: pytest.C
     assert code == 0
     assert "checked against" in out
     assert needle in " ".join(out.replace("│", " ").split())
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    """``plan ... | head -1``: the command ends quietly (status 141, as under SIGPIPE)."""
+    command = f"{sys.executable} -m roofplan plan --model tiny-llama --out {tmp_path / 'p.json'} | head -c 1"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=REPO)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode in (0, 141)
