@@ -1,6 +1,6 @@
 """GPU validation suite: plan a set of configurations, run each on one GPU, tabulate.
 
-    python benchmarks/gpu_validation.py --out docs/validation.md          # on a machine with a GPU
+    python benchmarks/gpu_validation.py                 # on a machine with a GPU: writes docs/gpu_validation.md
     python benchmarks/gpu_validation.py --quick --device cpu --out /tmp/v.md   # smoke test (CI)
 
 For every configuration (GPT-2 medium and a ~1B Llama at several micro-batch, checkpoint and
@@ -95,7 +95,8 @@ def main() -> int:
     parser.add_argument("--hardware", default="h200", help="bundled profile of this GPU (datasheet peaks)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny configurations (a smoke test of the script)")
-    parser.add_argument("--out", default="docs/validation.md")
+    parser.add_argument("--out", default="docs/gpu_validation.md",
+                        help="the file to write (its own: docs/validation.md keeps the published-run comparisons)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_validation: no CUDA device; use --device cpu --quick for a smoke test", file=sys.stderr)

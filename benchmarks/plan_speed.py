@@ -21,9 +21,11 @@ COMMAND = [sys.executable, "-m", "roofplan.cli", "--model", "llama3-405b", "--mi
            "--precision", "bf16-mixed", "--checkpoint", "all", "--global-batch", "16", "--json"]
 SEARCH = [sys.executable, "-m", "roofplan.cli", "--model", "llama2-7b", "--hardware", "h200", "--json"]
 MAIN_JOB = ["--model", "llama2-7b", "--hbm", "80GB", "--gpus", "8"]
-NO_TORCH = ("import sys, runpy; sys.argv = ['plan', *sys.argv[1:]]; "
+# prints whether plan imported torch on stderr's last line (an exit status could not tell: plan's own
+# "nothing fits" is 1, as a failed assert is)
+NO_TORCH = ("import sys; sys.argv = ['plan', *sys.argv[1:]]; "
             "from roofplan.cli import main; rc = main(sys.argv[1:]); "
-            "assert 'torch' not in sys.modules, 'plan imported torch'; sys.exit(rc)")
+            "print('torch imported' if 'torch' in sys.modules else 'torch not imported', file=sys.stderr); sys.exit(rc)")
 
 
 def wall_times(command: list[str], repeats: int = 5) -> list[float]:
@@ -100,13 +102,14 @@ def main() -> int:
     fixed_s, search_s = statistics.median(fixed), statistics.median(search)
     print(f"plan llama3-405b, all knobs fixed: median {fixed_s:.3f} s wall over {len(fixed)} runs "
           f"(min {min(fixed):.3f}, max {max(fixed):.3f}); target < 1 s")
-    print(f"plan imports torch: {'no' if torch_free.returncode in (0, 1) else 'YES: ' + torch_free.stderr.decode()[-200:]}")
+    no_torch = torch_free.stderr.decode().strip().endswith("torch not imported")
+    print(f"plan imports torch: {'no' if no_torch else 'YES (or it failed): ' + torch_free.stderr.decode()[-200:]}")
     print(f"plan llama2-7b on h200, all knobs free (search): median {search_s:.3f} s wall over {len(search)} runs; "
           f"target < 3 s")
     print(f"estimates per second ({label}): {rate:.1f}")
     print(f"search points per second (llama2-7b on h200: exact placement per point): {points:.1f}; "
           f"full estimates of the chosen plans: {exact:.1f}/s")
-    ok = fixed_s < 1.0 and search_s < 3.0 and torch_free.returncode in (0, 1)
+    ok = fixed_s < 1.0 and search_s < 3.0 and no_torch
     if "--no-validate" not in sys.argv:
         validate_s = validate_main_job()
         print(f"validate --mode simulate on the main job (plan {' '.join(MAIN_JOB)}): {validate_s:.1f} s wall; "

@@ -68,6 +68,36 @@ def ring_steps(kind: Collective, n_ranks: int, nodes: int) -> tuple[int, int]:
     return n_ranks - 1, nodes - 1
 
 
+def ramp_fraction(hw: HardwareProfile, n_bytes: float, nodes: int) -> float:
+    """The share of the large-message bus bandwidth NCCL reaches for ``n_bytes`` on ``nodes``
+    nodes, from the profile's published curves (``collective_ramps``): inside a node the one-node
+    curve; across nodes interpolated in log(nodes) between the measured scales (clamped). 1 when
+    the profile has none."""
+    if nodes == 1:
+        inside = [r for r in hw.collective_ramps if r.nodes == 1]
+        return inside[0].fraction(n_bytes) if inside else 1.0
+    across = sorted((r for r in hw.collective_ramps if r.nodes > 1), key=lambda r: r.nodes)
+    if not across:
+        return 1.0
+    if nodes <= across[0].nodes:
+        return across[0].fraction(n_bytes)
+    if nodes >= across[-1].nodes:
+        return across[-1].fraction(n_bytes)
+    for low, high in zip(across, across[1:], strict=False):
+        if nodes <= high.nodes:
+            w = math.log(nodes / low.nodes) / math.log(high.nodes / low.nodes)
+            return low.fraction(n_bytes) + w * (high.fraction(n_bytes) - low.fraction(n_bytes))
+    return 1.0
+
+
+def _transfer_s(n_bytes: float, latency_s: float, bandwidth_bytes_per_s: float, ramp: float) -> float:
+    """Latency plus the bytes at the link's rate; with a published ramp (which includes the
+    latency it measured) the slower of the latency and the bytes at the ramped rate."""
+    if ramp >= 1.0:
+        return latency_s + n_bytes / bandwidth_bytes_per_s
+    return max(latency_s, n_bytes / (bandwidth_bytes_per_s * ramp))
+
+
 def ring_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> float:
     """One ring collective over ``n_bytes`` (the full tensor, not a shard)."""
     if n_ranks <= 1 or n_bytes <= 0:
@@ -76,7 +106,9 @@ def ring_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: 
     steps, inter = ring_steps(kind, n_ranks, nodes)
     latency = (hw.collective_latency_s + (steps - inter) * hw.intra_node_hop_latency_s
                + inter * hw.inter_node_hop_latency_s)
-    return latency + n_bytes * steps / n_ranks / bus_bandwidth_bytes_per_s(hw, n_ranks, gpus_per_node)
+    moved = n_bytes * steps / n_ranks
+    return _transfer_s(moved, latency, bus_bandwidth_bytes_per_s(hw, n_ranks, gpus_per_node),
+                       ramp_fraction(hw, n_bytes, nodes))
 
 
 def tree_time_s(n_bytes: float, hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> float:
@@ -87,7 +119,7 @@ def tree_time_s(n_bytes: float, hw: HardwareProfile, n_ranks: int, gpus_per_node
     per_node = min(gpus_per_node, n_ranks)
     latency = 2 * ((per_node - 1) * hw.intra_node_hop_latency_s + math.log2(nodes) * hw.inter_node_hop_latency_s)
     bandwidth = _TREE_ALGO_RATIO * _TREE_BUS_SHARE * bus_bandwidth_bytes_per_s(hw, n_ranks, gpus_per_node)
-    return latency + n_bytes / bandwidth
+    return _transfer_s(n_bytes, latency, bandwidth, ramp_fraction(hw, n_bytes, nodes))
 
 
 def collective_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: int,

@@ -42,6 +42,7 @@ class MemoryClass(StrEnum):
     STREAM = "stream"  # copies, casts, gathers: the profile's memory_efficiency (a STREAM-like copy)
     ELEMENTWISE = "elementwise"  # add, activations, dropout, rotary
     NORM = "norm"  # layer_norm, rms_norm (two passes over a row: statistics, then normalize)
+    SOFTMAX = "softmax"  # log_softmax and cross-entropy (passes over a row for its max and its sum)
 
 
 class Direction(StrEnum):

@@ -8,6 +8,7 @@ reserve (CUDA context, library workspaces) and the allocator's fragmentation all
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -34,6 +35,39 @@ class Source(BaseModel):
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class CollectiveRamp(BaseModel):
+    """A published nccl-tests bus-bandwidth curve by message size, at one scale: the share of the
+    large-message bus bandwidth NCCL reaches at each size (its protocols, channels and pipelining
+    ramp up with the message; latency alone does not explain the mid sizes)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    nodes: int = Field(gt=0, description="1: inside one node; else the number of nodes measured")
+    sizes_bytes: tuple[PositiveFloat, ...]
+    busbw_gb_s: tuple[PositiveFloat, ...]
+    source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _increasing(self) -> CollectiveRamp:
+        if len(self.sizes_bytes) != len(self.busbw_gb_s) or len(self.sizes_bytes) < 2 or any(
+                b <= a for a, b in zip(self.sizes_bytes, self.sizes_bytes[1:], strict=False)):
+            raise ValueError(f"collective ramp ({self.nodes} nodes): sizes_bytes must increase and match busbw_gb_s")
+        return self
+
+    def fraction(self, n_bytes: float) -> float:
+        """busbw at ``n_bytes`` over busbw at the largest size, interpolated in log size (clamped)."""
+        sizes, top = self.sizes_bytes, self.busbw_gb_s[-1]
+        if n_bytes >= sizes[-1]:
+            return 1.0
+        if n_bytes <= sizes[0]:
+            return self.busbw_gb_s[0] / top
+        for (s0, b0), (s1, b1) in zip(zip(sizes, self.busbw_gb_s, strict=True),
+                                      zip(sizes[1:], self.busbw_gb_s[1:], strict=True), strict=True):
+            if n_bytes <= s1:
+                w = math.log(n_bytes / s0) / math.log(s1 / s0)
+                return min(1.0, (b0 + w * (b1 - b0)) / top)
+        return 1.0
 
 
 class HardwareProfile(BaseModel):
@@ -70,6 +104,10 @@ class HardwareProfile(BaseModel):
     network_efficiency: Fraction = Field(
         default=1.0, description="NCCL's achieved share of a node's NICs across nodes (nccl-tests bus bandwidth / NICs)"
     )
+    collective_ramps: tuple[CollectiveRamp, ...] = Field(
+        default=(), description="published nccl-tests bus bandwidth by message size, inside a node (nodes: 1) and "
+                                "across nodes: the share of the large-message rate each size reaches",
+    )
     compute_efficiency: dict[ComputePrecision, Fraction] = Field(
         description="achievable fraction of peak for large matmuls; one number or one per precision"
     )
@@ -79,6 +117,10 @@ class HardwareProfile(BaseModel):
     )
     attention_kernel: AttentionKernel = Field(
         default=AttentionKernel.FLASH2, description="the kernel PyTorch's SDPA runs here by default"
+    )
+    attention_kernels: tuple[AttentionKernel, ...] = Field(
+        default=(AttentionKernel.FLASH2, AttentionKernel.CUDNN, AttentionKernel.FLASH_TRITON, AttentionKernel.MATH),
+        description="the attention kernels that run on this device (FlashAttention-3 needs Hopper; ROCm has no cuDNN)",
     )
     attention_curves: tuple[AttentionCurve, ...] = Field(
         default=(), description="published attention TFLOP/s by kernel, direction, causality, head dim, seq_len"
@@ -133,6 +175,9 @@ class HardwareProfile(BaseModel):
         missing = [p.value for p in self.peak_flops_per_s if p not in self.compute_efficiency]
         if missing:
             raise ValueError(f"compute_efficiency has no entry for {', '.join(missing)}")
+        if self.attention_kernel not in self.attention_kernels:
+            raise ValueError(f"attention_kernel: {self.attention_kernel.value} is not among the attention_kernels that "
+                             f"run here ({', '.join(k.value for k in self.attention_kernels)})")
         return self
 
     @property

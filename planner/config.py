@@ -113,19 +113,7 @@ class ModelConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _family_defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        try:
-            family = Family(str(data.get("family")))
-        except ValueError:
-            return data  # the field validator reports the bad family
-        merged = dict(data)
-        for key, value in _FAMILY_DEFAULTS[family].items():
-            if merged.get(key) is None:
-                merged[key] = value
-        if merged.get("n_kv_heads") is None:
-            merged["n_kv_heads"] = merged.get("n_heads")
-        return merged
+        return with_family_defaults(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _shapes_consistent(self) -> ModelConfig:
@@ -150,6 +138,22 @@ class ModelConfig(BaseModel):
     def kv_heads(self) -> int:
         """K (never None after validation)."""
         return self.n_kv_heads or self.n_heads
+
+
+def with_family_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A model section with its family's defaults filled in (an unknown family: unchanged, the
+    field validator names it)."""
+    try:
+        family = Family(str(data.get("family")))
+    except ValueError:
+        return dict(data)
+    merged = dict(data)
+    for key, value in _FAMILY_DEFAULTS[family].items():
+        if merged.get(key) is None:
+            merged[key] = value
+    if merged.get("n_kv_heads") is None:
+        merged["n_kv_heads"] = merged.get("n_heads")
+    return merged
 
 
 def shape_problems(values: Mapping[str, Any]) -> list[str]:

@@ -19,7 +19,7 @@ from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
 from planner.blocks import describe
 from planner.cache import IdentityCache
-from planner.config import ModelConfig, TrainConfig
+from planner.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.fsdp import FsdpLayout
 from planner.graph import LayerGraph, build_graph
@@ -107,6 +107,11 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
         raise ConfigError(
             f"knobs.checkpoint_blocks: block {outside[0]} does not exist; the model has blocks 0..{model.n_layers - 1}"
         )
+    kernel = model.attention_kernel
+    if model.attention is AttentionImpl.FLASH and kernel is not None and kernel not in hw.attention_kernels:
+        runs = ", ".join(k.value for k in hw.attention_kernels)
+        raise ConfigError(f"attention_kernel: {kernel.value} does not run on {hw.name} (it runs {runs}); name one of "
+                          "those in the model file, or leave attention_kernel out for the one PyTorch picks there")
     spec = compute_spec(knobs)
     if not hw.supports(spec.matmul_precision):
         runs = ", ".join(p.value for p in hw.precisions)
@@ -179,18 +184,13 @@ def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfil
 
 def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
                        time: TimeBreakdown) -> TimeBreakdown:
-    """The step time with the collectives compute does not hide (nothing to add on one GPU).
-    Compute that collectives overlap runs ``overlap_compute_slowdown`` slower (the profile's
-    published measurement), which also widens the windows that hide them."""
+    """The step time with what the data-parallel collectives add to it (nothing on one GPU): what
+    compute does not hide, and the compute that collectives overlap running
+    ``overlap_compute_slowdown`` slower while they do (the profile's published measurement;
+    ``planner.parallel.overlapped_s``)."""
     strategy = strategy_for(knobs.parallel)
     if not strategy.communicates:
         return time
-    slow = 1.0 + hw.overlap_compute_slowdown
-    if slow != 1.0:
-        extra = (slow - 1.0) * (time.forward_s + time.backward_s + time.recompute_s)
-        time = time.model_copy(update={"forward_s": time.forward_s * slow, "backward_s": time.backward_s * slow,
-                                       "recompute_s": time.recompute_s * slow,
-                                       "step_time_s": time.step_time_s + extra})
     comm = strategy.communication(graph, hw, knobs, gpus_per_node, time)
     if comm is None:
         return time

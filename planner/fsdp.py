@@ -42,7 +42,7 @@ from hardware.profile import HardwareProfile
 from planner.graph import LayerGraph
 from planner.knobs import GradSync
 from planner.memory_types import CATEGORIES, Category, Phase, StaticMemory, Timeline
-from planner.parallel import Collective, Communication, ParallelConfig, fsdp_shard_numel, ring_time_s
+from planner.parallel import Collective, Communication, ParallelConfig, fsdp_shard_numel, overlapped_s, ring_time_s
 from planner.precision import PrecisionPolicy
 from planner.schedule import Schedule
 from planner.walk import Live, Prepared, Walk, WalkHooks
@@ -373,22 +373,26 @@ def fsdp_communication(layout: FsdpLayout, hw: HardwareProfile, parallel: Parall
     fwd_blocks, bwd_blocks = gather(blocks), gather(blocks) if layout.stage == 3 else 0.0
     root_gather, root_scatter, block_scatter = gather([root]), scatter([root]), scatter(blocks)
     regather_root = root_gather if layout.stage == 3 else 0.0
-    forward_exposed = root_gather + max(0.0, fwd_blocks - forward_s) + regather_root
+    slowdown = hw.overlap_compute_slowdown
+    forward_added, forward_slow = overlapped_s(forward_s, fwd_blocks, slowdown)
+    forward_exposed = root_gather + forward_added + regather_root
 
-    def backward_exposed(scatters: float) -> float:
-        return max(0.0, bwd_blocks + scatters - backward_s)
+    def backward_added(scatters: float) -> tuple[float, float]:
+        return overlapped_s(backward_s, bwd_blocks + scatters, slowdown)
 
     gathers_total = root_gather + fwd_blocks + regather_root + bwd_blocks
     scatters_total = block_scatter + root_scatter
     # GradSync.LAST: only the last micro-batch reduce-scatters
     syncing = 1 if layout.grad_sync is GradSync.LAST else grad_accum_steps
-    exposed = (grad_accum_steps * forward_exposed + (grad_accum_steps - syncing) * backward_exposed(0.0)
-               + syncing * (backward_exposed(block_scatter) + root_scatter))
+    quiet, syncs = backward_added(0.0), backward_added(block_scatter)
+    exposed = (grad_accum_steps * forward_exposed + (grad_accum_steps - syncing) * quiet[0]
+               + syncing * (syncs[0] + root_scatter))
+    slowed = grad_accum_steps * forward_slow + (grad_accum_steps - syncing) * quiet[1] + syncing * syncs[1]
     factor = (parallel.world_size - 1) / parallel.world_size
     gathered = sum(u.gather_output_bytes for u in layout.units) * (2 if layout.stage == 3 else 1)
     scattered = sum(u.reduce_input_bytes for u in layout.units)
     return Communication(total_s=grad_accum_steps * gathers_total + syncing * scatters_total, exposed_s=exposed,
-                         bytes_moved=factor * (grad_accum_steps * gathered + syncing * scattered))
+                         bytes_moved=factor * (grad_accum_steps * gathered + syncing * scattered), slowdown_s=slowed)
 
 
 def shard_fraction(layout: FsdpLayout, n_params: int) -> float:

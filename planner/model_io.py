@@ -39,6 +39,7 @@ from planner.config import (
     PositionKind,
     TrainConfig,
     shape_problems,
+    with_family_defaults,
 )
 from planner.errors import ConfigError, ConfigWarning, UnknownPresetError
 from planner.hf_config import hf_name, model_from_hf_config
@@ -163,7 +164,7 @@ def _workload_from_sections(data: Any, context: str) -> Workload:
     except ValidationError as error:
         message = describe_validation_error(error, context)
         # the checks between fields do not run while a field fails: name them in the same message
-        extra = [f"model: {p}" for p in shape_problems(ModelConfig._family_defaults(dict(model))) if p not in message]
+        extra = [f"model: {p}" for p in shape_problems(with_family_defaults(model)) if p not in message]
         raise ConfigError("; ".join([message, *extra])) from None
 
 

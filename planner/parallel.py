@@ -37,10 +37,10 @@ MODELLED_STAGES = (0, 1, 2, 3)
 
 
 def zero_stages(training: TrainConfig, gpus: int, gpus_per_node: int, zero_stage: int | None) -> tuple[int, ...]:
-    """The ZeRO stages a request allows (checking ``--gpus``, ``--gpus-per-node``, ``--zero-stage``)."""
-    if gpus <= 0 or training.global_batch_size % gpus:
-        raise ConfigError(f"--gpus: {gpus} must be a positive divisor of the global batch {training.global_batch_size}, "
-                          "so every GPU gets whole sequences")
+    """The ZeRO stages a request allows (checking ``--gpus``, ``--gpus-per-node``, ``--zero-stage``;
+    that the global batch splits over the data-parallel ranks is the layout's to check)."""
+    if gpus <= 0:
+        raise ConfigError(f"--gpus: must be positive, got {gpus}")
     if gpus_per_node <= 0:
         raise ConfigError(f"--gpus-per-node: must be positive, got {gpus_per_node}")
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
@@ -121,24 +121,43 @@ def ddp_buckets(grad_bytes: Iterable[int], bucket_cap_bytes: int = 25 * 2**20) -
 
 
 class Communication(BaseModel):
-    """Collective time of one step on one rank, and the part compute does not hide."""
+    """Collective time of one step on one rank, and what it adds to the step."""
 
     model_config = ConfigDict(frozen=True)
     total_s: float
-    exposed_s: float
+    exposed_s: float  # added to the step: collectives compute does not hide, and compute slowed under overlap
     bytes_moved: float  # bytes each rank sends over its link
+    slowdown_s: float = 0.0  # of ``exposed_s``: compute running slower while collectives overlap it
+
+
+def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> tuple[float, float]:
+    """What ``comm_s`` of collectives issued alongside ``compute_s`` of compute add to it:
+    (added seconds, of which the compute's slowdown). Compute runs ``1 + slowdown`` times slower
+    while a collective overlaps it (the profile's ``overlap_compute_slowdown``, a published
+    average), only for as long as one does: a collective shorter than the slowed compute costs
+    ``comm_s x slowdown / (1 + slowdown)``; a longer one hides the compute and adds what it
+    outlasts it by."""
+    if comm_s <= 0:
+        return 0.0, 0.0
+    slow = 1.0 + slowdown
+    if comm_s >= compute_s * slow:
+        return comm_s - compute_s, compute_s * slowdown
+    extra = comm_s * slowdown / slow
+    return extra, extra
 
 
 def ddp_communication(grad_bytes: Sequence[int], param_bytes: int, broadcast_partitions: bool, hw: HardwareProfile,
                       parallel: ParallelConfig, backward_window_s: float) -> Communication:
     """DDP all-reduces the gradients once per step, bucket by bucket while the last micro-batch's
-    backward runs (``no_sync`` on the others); only what outlasts that backward, and at least the
-    last bucket, is exposed. ZeRO-1 then broadcasts every rank's updated partition, after the
-    optimizer step: fully exposed."""
+    backward runs (``no_sync`` on the others): every bucket but the last overlaps that backward
+    (``overlapped_s``), the last one follows it. ZeRO-1 then broadcasts every rank's updated
+    partition, after the optimizer step: fully exposed."""
     total_grad = float(sum(grad_bytes))
     buckets = max(1, ddp_buckets(grad_bytes))
     all_reduce = ring_time_s(total_grad, Collective.ALL_REDUCE, hw, parallel, buckets)
-    exposed = max(all_reduce - backward_window_s, all_reduce / buckets)
+    last = all_reduce / buckets
+    added, slowdown = overlapped_s(backward_window_s, all_reduce - last, hw.overlap_compute_slowdown)
+    exposed = added + last
     moved = 2.0 * (parallel.world_size - 1) / parallel.world_size * total_grad
     total = all_reduce
     if broadcast_partitions:  # ZeRO-1
@@ -146,4 +165,4 @@ def ddp_communication(grad_bytes: Sequence[int], param_bytes: int, broadcast_par
         total += broadcast
         exposed += broadcast
         moved += (parallel.world_size - 1) / parallel.world_size * param_bytes
-    return Communication(total_s=total, exposed_s=exposed, bytes_moved=moved)
+    return Communication(total_s=total, exposed_s=exposed, bytes_moved=moved, slowdown_s=slowdown)

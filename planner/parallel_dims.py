@@ -118,15 +118,15 @@ class ParallelDims(BaseModel):
         return ZERO_STAGE_OF[self.sharding]
 
 
-_DATA_PARALLEL_LABEL = {None: "DDP", Sharding.OPTIMIZER: "ZeRO-1", Sharding.GRADIENTS: "FSDP2 ZeRO-2",
-                        Sharding.FULL: "FSDP2 ZeRO-3"}
+_DATA_PARALLEL_LABEL = {None: "ZeRO-0 (DDP)", Sharding.OPTIMIZER: "ZeRO-1 (DDP + ZeroRedundancyOptimizer)",
+                        Sharding.GRADIENTS: "ZeRO-2 (FSDP2)", Sharding.FULL: "ZeRO-3 (FSDP2)"}
 
 
 def layout_label(dims: ParallelDims) -> str:
-    """``FSDP2 ZeRO-3 8 x TP 8 + SP``: each dimension in use, data parallelism first."""
+    """``ZeRO-3 (FSDP2) × 8, TP 8 + SP``: each dimension in use and its degree, data parallelism first."""
     parts = []
     if dims.data_parallel > 1:
-        parts.append(f"{_DATA_PARALLEL_LABEL[dims.sharding]} {dims.data_parallel}")
+        parts.append(f"{_DATA_PARALLEL_LABEL[dims.sharding]} × {dims.data_parallel}")
     if dims.tp > 1:
         parts.append(f"TP {dims.tp}" + (" + SP" if dims.sp else ""))
-    return " x ".join(parts) or "one GPU"
+    return ", ".join(parts) or "one GPU"

@@ -106,7 +106,8 @@ class TimeBreakdown(BaseModel):
     backward_s: float
     recompute_s: float
     optimizer_s: float
-    communication_s: float = 0.0
+    communication_s: float = 0.0  # data parallelism: what its collectives add beyond the compute they overlap
+    tensor_parallel_s: float = 0.0  # tensor parallelism's collectives, on the critical path (inside forward/backward)
     step_time_s: float
     lower_bound_s: float
 
@@ -160,6 +161,7 @@ MEMORY_CLASS: dict[OpKind, MemoryClass] = {
     OpKind.GLU_MUL: MemoryClass.ELEMENTWISE,
     OpKind.DROPOUT: MemoryClass.ELEMENTWISE,
     OpKind.ROTARY: MemoryClass.ELEMENTWISE,
+    OpKind.CROSS_ENTROPY: MemoryClass.SOFTMAX,
 }
 
 
@@ -252,12 +254,14 @@ class OpTimes(BaseModel):
     bwd_s: tuple[float, ...]
     lower_bound_s: tuple[float, ...]  # forward and backward
     fwd_lower_bound_s: tuple[float, ...]
+    fwd_comm_s: tuple[float, ...] = ()  # of fwd_s: a collective the op waits for
+    bwd_comm_s: tuple[float, ...] = ()
 
 
 def op_times(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: HardwareProfile) -> OpTimes:
     """Forward, backward and lower-bound time of every op (each distinct cost timed once)."""
     timed: dict[int, tuple[OpTime, OpTime, float, float]] = {}
-    fwd, bwd, lower, fwd_lower = [], [], [], []
+    fwd, bwd, lower, fwd_lower, fwd_comm, bwd_comm = [], [], [], [], [], []
     for op in ops:
         key = id(op.cost)
         if key not in timed:
@@ -267,8 +271,11 @@ def op_times(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: Hardwa
         bwd.append(b.time_s)
         lower.append(f.lower_bound_s + b.lower_bound_s)
         fwd_lower.append(f.lower_bound_s)
+        fwd_comm.append(f.communication_time_s)
+        bwd_comm.append(b.communication_time_s)
     return OpTimes.model_construct(names=tuple(op.spec.name for op in ops), fwd_s=tuple(fwd), bwd_s=tuple(bwd),
-                                   lower_bound_s=tuple(lower), fwd_lower_bound_s=tuple(fwd_lower))
+                                   lower_bound_s=tuple(lower), fwd_lower_bound_s=tuple(fwd_lower),
+                                   fwd_comm_s=tuple(fwd_comm), bwd_comm_s=tuple(bwd_comm))
 
 
 def step_time(
@@ -286,11 +293,14 @@ def step_time(
     fwd_lower = sum(times.fwd_lower_bound_s)  # recomputation is not required work: not in the bound
     bwd_lower = sum(times.lower_bound_s) - fwd_lower
     n_fwd, n_bwd = schedule.count(Phase.FORWARD), schedule.count(Phase.BACKWARD)
+    comm_fwd, comm_bwd = sum(times.fwd_comm_s), sum(times.bwd_comm_s)
+    comm_re = sum(t for name, t in zip(times.names, times.fwd_comm_s, strict=True) if name in recomputed)
     return TimeBreakdown(
         forward_s=n_fwd * forward,
         backward_s=n_bwd * backward,
         recompute_s=n_bwd * recompute,
         optimizer_s=optimizer_s[0],
+        tensor_parallel_s=n_fwd * comm_fwd + n_bwd * (comm_bwd + comm_re),
         step_time_s=n_fwd * forward + n_bwd * (backward + recompute) + optimizer_s[0],
         lower_bound_s=n_fwd * fwd_lower + n_bwd * bwd_lower + optimizer_s[1],
     )

@@ -8,6 +8,7 @@ from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes
 from planner.memory import Category
 from planner.memory_types import Phase
+from planner.parallel_dims import layout_label
 from planner.results import PlanEntry
 
 
@@ -19,7 +20,8 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
     n_blocks = len(knobs.checkpointed)
     segments = f", {len(knobs.checkpoint_segments)} checkpoint segments" if knobs.checkpoint_segments else ""
     parts = " + ".join(f"{c.value} {format_bytes(b)}" for c, b in mem.at_peak.items() if b > 0 and c in Category)
-    sharding = (f", {knobs.data_parallel} GPUs with ZeRO-{knobs.zero_stage}" if knobs.data_parallel > 1 else "")
+    dims = knobs.parallel
+    sharding = f", {dims.world_size} GPUs as {layout_label(dims)}" if dims.world_size > 1 else ""
     lines = [
         f"nothing fits in {format_bytes(cap_bytes)} on {hardware_name}: the smallest plan needs "
         f"{format_bytes(mem.device_bytes)} on the device",
@@ -54,8 +56,8 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
     else:
         lines.append(
             f"  more GPUs do not help: even sharding everything (ZeRO-3, FSDP2) over as many GPUs as the global batch "
-            f"has sequences leaves one sequence's activations, logits and a gathered block per GPU above the cap "
-            f"(model state on one GPU here {state}); shorten the sequence or add tensor/sequence parallelism "
-            f"(not modelled)"
+            f"has sequences, with tensor and sequence parallelism inside a node, leaves one sequence's activations, "
+            f"logits and a gathered block per GPU above the cap (model state on one GPU here {state}); shorten the "
+            f"sequence (context and pipeline parallelism are not modelled yet)"
         )
     return "\n".join(lines)

@@ -27,7 +27,7 @@ from planner.estimate import estimate
 from planner.knobs import GradSync, Knobs, parse_checkpoint_spec
 from planner.model_io import Workload, resolve
 from planner.parallel import ParallelConfig, zero_stages
-from planner.parallel_dims import ParallelDims
+from planner.parallel_dims import ParallelDims, layout_label
 from planner.params import count_params
 from planner.precision import PrecisionPolicy
 from planner.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
@@ -135,11 +135,15 @@ def plan(
     gpus_per_node: int = 8,
     zero_stage: int | None = None,
     fsdp_grad_sync: str | GradSync = GradSync.EVERY,
+    tp: int | None = None,
+    sequence_parallel: bool = True,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
-    ``fsdp_grad_sync`` ("every" or "last") is how ZeRO-2/3 plans accumulate gradients; it is
-    fixed, not searched.
+    ``gpus`` is every GPU of the job: groups of ``tp`` tensor-parallel ranks (searched when None;
+    with sequence parallelism unless ``sequence_parallel`` is False), data parallel over the
+    groups at ``zero_stage``. ``fsdp_grad_sync`` ("every" or "last") is how ZeRO-2/3 plans
+    accumulate gradients; it is fixed, not searched.
 
     ``checkpoint`` is ``"none"``, ``"all"``, ``"0,2,5-9"`` or a list of block indices. Raises
     ``InfeasibleError`` (exit code 1 on the command line) when nothing fits, with the smallest
@@ -151,19 +155,28 @@ def plan(
     blocks = _checkpoint_blocks(checkpoint, model.n_layers)
     parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=max(gpus_per_node, 1))
     grad_sync = _grad_sync(fsdp_grad_sync, gpus, zero_stage)
+    if gpus == 1:
+        tp = 1
     if (micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None
-            and (gpus == 1 or zero_stage is not None)):
+            and (gpus == 1 or (zero_stage is not None and tp is not None))):
         zero_stages(training, gpus, gpus_per_node, zero_stage)
-        per_gpu = training.global_batch_size // gpus
-        if micro_batch_size <= 0 or per_gpu % micro_batch_size:
-            raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_gpu} "
-                              "sequences each GPU gets per step")
+        assert tp is not None
+        if tp <= 0 or gpus % tp:
+            raise ConfigError(f"--tp: {tp} must be a positive divisor of the {gpus} GPUs (--gpus)")
+        per_rank = training.global_batch_size * tp // gpus
+        if micro_batch_size <= 0 or per_rank % micro_batch_size:
+            raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_rank} "
+                              "sequences each data-parallel rank gets per step")
+        try:
+            layout = ParallelDims.data_parallel_of(gpus, zero_stage or 0, tp=tp, sp=sequence_parallel and tp > 1)
+        except ValueError as error:
+            raise ConfigError(f"--zero-stage / --tp: {error}") from None
         knobs = Knobs(
             micro_batch_size=micro_batch_size,
-            grad_accum_steps=training.global_batch_size // (micro_batch_size * gpus),
+            grad_accum_steps=per_rank // micro_batch_size,
             precision=policies[0],
             checkpoint_blocks=blocks,
-            parallel=ParallelDims.data_parallel_of(gpus, zero_stage or 0),
+            parallel=layout,
             fsdp_grad_sync=grad_sync,
         )
         return estimate_plan(model, training, hw, knobs, hbm=cap, gpus_per_node=gpus_per_node)
@@ -172,7 +185,7 @@ def plan(
     from search.study import SamplerKind, SearchOptions, run_search
 
     space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, gpus_per_node,
-                        zero_stage, grad_sync)
+                        zero_stage, grad_sync, tensor_parallel=tp, sequence_parallel=sequence_parallel)
     if sampler not in {k.value for k in SamplerKind}:
         raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {', '.join(k.value for k in SamplerKind)}")
     try:
@@ -214,8 +227,10 @@ def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, c
         return None
     n, knobs = found
     flag = " --fsdp-grad-sync last" if knobs.fsdp_grad_sync is GradSync.LAST else ""
-    return (f"it fits on {n} GPUs with ZeRO-{knobs.zero_stage} ({knobs.precision.value}, micro-batch "
-            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}{flag}")
+    dims = knobs.parallel
+    tp = f" --tp {dims.tp}" if dims.tp > 1 else ""
+    return (f"it fits on {n} GPUs as {layout_label(dims)} ({knobs.precision.value}, micro-batch "
+            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}{tp}{flag}")
 
 
 def validate(

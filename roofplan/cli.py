@@ -34,12 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout", type=float, default=None, help="dropout probability")
     p.add_argument("--optimizer", choices=("adamw", "sgd-momentum", "sgd"), default=None)
     p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default=None)
-    p.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs (default 1)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs in all (default 1): tensor-parallel groups of --tp, "
+                                                         "data parallel over the groups")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node sharing its fast links (default 8)")
     p.add_argument("--zero-stage", type=int, default=None,
                    help="ZeRO stage with several GPUs: 0 DDP, 1 sharded optimizer state (ZeroRedundancyOptimizer), "
                         "2 FSDP2 with each block's params kept from forward to backward, 3 FSDP2 re-gathering them "
                         "for backward (searched if omitted)")
+    p.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel degree (parallelize_module: colwise/rowwise linears, heads split; inside a "
+                        "node); searched over the degrees the model and --gpus allow if omitted")
+    p.add_argument("--no-sequence-parallel", action="store_true",
+                   help="tensor parallelism without sequence parallelism (norms, dropout and residuals on every "
+                        "rank whole; all-reduces instead of all-gathers and reduce-scatters)")
     p.add_argument("--fsdp-grad-sync", default="every", metavar="{every,last}",
                    help="ZeRO-2/3 with accumulation: reduce-scatter gradients after every micro-batch (default) or "
                         "only the last (set_requires_gradient_sync(False) before the others: less traffic, every "
@@ -143,6 +150,8 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             gpus_per_node=args.gpus_per_node,
             zero_stage=args.zero_stage,
             fsdp_grad_sync=args.fsdp_grad_sync,
+            tp=args.tp,
+            sequence_parallel=not args.no_sequence_parallel,
         )
     except InfeasibleError as error:
         print(f"plan: {error}", file=sys.stderr)

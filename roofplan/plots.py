@@ -64,12 +64,12 @@ def _axes(width: float) -> tuple[Figure, Axes]:
 
 def chart_title(result: PlanResult, what: str) -> str:
     """``model on 8 × h100-sxm, ZeRO-2 (FSDP2) × 8 GPUs: what``; a first line says when it does not fit."""
-    from roofplan.render import zero_label
+    from planner.parallel_dims import layout_label
 
     knobs, memory = result.best.knobs, result.best.estimate.memory
     where = result.hardware.name
-    if knobs.data_parallel > 1:
-        where = f"{knobs.data_parallel} × {where}, {zero_label(knobs)}"
+    if knobs.parallel.world_size > 1:
+        where = f"{knobs.parallel.world_size} × {where}, {layout_label(knobs.parallel)}"
     title = f"{result.model.name} on {where}: {what}"
     if memory.fits:
         return title
@@ -130,7 +130,7 @@ def memory_figure(result: PlanResult) -> Figure:
                     label="allocated: params + optimizer state + data (whole step)")
     ax.fill_between(xs, static_gb, allocated, color="tab:orange", alpha=0.45,
                     label="allocated: grads, activations, logits,\ntemporaries" + (
-                        ", gathered params" if knobs.data_parallel > 1 and knobs.zero_stage >= 2 else ""))
+                        ", gathered params" if knobs.parallel.shards_parameters else ""))
     ax.plot(xs, allocated, color="tab:orange", lw=0.8,
             label=f"allocated (torch.cuda.memory_allocated),\npeak {format_bytes(memory.peak_allocated_bytes)} "
                   f"at {memory.peak_op}")

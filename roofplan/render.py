@@ -9,35 +9,36 @@ from rich.table import Table
 from rich.text import Text
 
 from hardware.units import format_bytes, format_count
-from planner.knobs import GradSync, Knobs
+from planner.knobs import Knobs
 from planner.memory import Category
 from planner.optimizer import optimizer_spec
+from planner.parallel_dims import layout_label
 from planner.precision import precision_spec
+from planner.strategies import strategy_for
+from planner.strategies.tensor import describe_tensor_parallel, rank_parameters
 from roofplan.time_sources import time_sources
 
 if TYPE_CHECKING:
     from planner.results import PlanResult
 
 
-# How PyTorch runs each ZeRO stage (``Knobs.zero_stage``) in the plans this planner models.
-ZERO_RUNTIME: dict[int, str] = {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer", 2: "FSDP2", 3: "FSDP2"}
-
-NOT_MODELLED = ("not modelled yet: tensor, pipeline, context and expert parallelism, CPU offload "
-                "(modelled: data parallelism with DDP, ZeRO-1 or FSDP2)")
+NOT_MODELLED = ("not modelled yet: pipeline, context and expert parallelism, HSDP, CPU offload "
+                "(modelled: data parallelism with DDP, ZeRO-1 or FSDP2, tensor and sequence parallelism)")
 
 
 def zero_label(knobs: Knobs) -> str:
     """``ZeRO-1 (DDP + ZeroRedundancyOptimizer)``: the ZeRO stage and how PyTorch runs it."""
-    return f"ZeRO-{knobs.zero_stage} ({ZERO_RUNTIME[knobs.zero_stage]})"
+    return f"ZeRO-{knobs.zero_stage} ({strategy_for(knobs.parallel).runtime})"
 
 
 def sharding_label(knobs: Knobs) -> str:
-    """``ZeRO-1 (DDP + ZeroRedundancyOptimizer) × 8 GPUs``: the sharding and the data-parallel size."""
-    return f"{zero_label(knobs)} × {knobs.data_parallel} GPUs"
+    """``FSDP2 ZeRO-3 8 x TP 8 + SP``: the layout of the plan's GPUs."""
+    return layout_label(knobs.parallel)
 
 
 def _gpus(knobs: Knobs) -> str:
-    return "one GPU" if knobs.data_parallel == 1 else f"all {knobs.data_parallel} GPUs"
+    gpus = knobs.parallel.world_size
+    return "one GPU" if gpus == 1 else f"all {gpus} GPUs"
 
 
 def _seconds(value: float) -> str:
@@ -74,14 +75,14 @@ def notes(result: PlanResult) -> list[Text]:
     trades = precision_spec(k.precision).trades
     if trades is not None:
         lines.append(Text(f"{k.precision.value} trades numerics: {trades}", style="yellow"))
-    if k.data_parallel > 1:
+    if k.parallel.world_size > 1:
         lines.append(Text(NOT_MODELLED, style="yellow"))
     return lines
 
 
 def _title(result: PlanResult) -> Text:
     t = result.training
-    gpus = result.best.knobs.data_parallel
+    gpus = result.best.knobs.parallel.world_size
     where = result.hardware.name if gpus == 1 else f"{gpus} × {result.hardware.name}"
     return Text.assemble(
         (f"{result.model.name}", "bold"),
@@ -97,7 +98,8 @@ def knobs_table(result: PlanResult) -> Table:
     n_layers = result.model.config.n_layers
     table = Table(title="Configuration", show_header=False, title_justify="left")
     table.add_row("micro-batch × accumulation", f"{k.micro_batch_size} × {k.grad_accum_steps}")
-    if k.zero_stage >= 2 and spec.autocast_dtype is not None:
+    strategy = strategy_for(k.parallel)
+    if strategy.shards_params and spec.autocast_dtype is not None:
         how = (f"{k.precision.value}: {spec.param_dtype.value} shards, params gathered and computed in "
                f"{spec.autocast_dtype.value} (FSDP2 MixedPrecisionPolicy, no autocast), gradients reduced in fp32")
     else:
@@ -109,15 +111,14 @@ def knobs_table(result: PlanResult) -> Table:
     table.add_row("activation checkpointing", f"{len(blocks)} of {n_layers} blocks ({ckpt})")
     t = result.training
     table.add_row("optimizer", f"{t.optimizer.value} ({t.optimizer_impl.value})")
-    if k.data_parallel > 1:
-        stages = {0: "DDP (gradient buckets, all-reduce)", 1: "DDP + ZeroRedundancyOptimizer (optimizer state sharded)",
-               2: "FSDP2 (everything sharded; each block's params gathered from its forward to its backward)",
-               3: "FSDP2 (everything sharded; each block's params gathered for its forward and again for its backward)"}
+    dims = k.parallel
+    if dims.world_size > 1:
         nodes = result.parallel.nodes
-        sync = ("; gradients reduce-scattered after the last micro-batch only (set_requires_gradient_sync), "
-                "every unsharded gradient held until then" if k.fsdp_grad_sync is GradSync.LAST else "")
-        table.add_row("data parallel", f"{k.data_parallel} GPUs on {nodes} node{'s' if nodes > 1 else ''}, "
-                      f"ZeRO-{k.zero_stage}: {stages[k.zero_stage]}{sync}")
+        table.add_row("layout", f"{dims.world_size} GPUs on {nodes} node{'s' if nodes > 1 else ''}: {layout_label(dims)}")
+    if dims.data_parallel > 1:
+        table.add_row("data parallel", f"{dims.data_parallel} ranks, ZeRO-{k.zero_stage}: {strategy.describe(k)}")
+    if dims.tp > 1:
+        table.add_row("tensor parallel", describe_tensor_parallel(result.model.config, dims))
     return table
 
 
@@ -127,23 +128,24 @@ def memory_table(result: PlanResult) -> Table:
     k = result.best.knobs
     spec = precision_spec(k.precision)
     opt = optimizer_spec(result.training.optimizer, result.training.optimizer_impl)
-    n = format_count(result.model.n_params)
     m, t = result.model.config, result.training
+    n = format_count(result.model.n_params)
     table = Table(title="Memory (per GPU, steady-state step)", title_justify="left")
     table.add_column("what")
     table.add_column("napkin math")
     table.add_column("bytes", justify="right")
-    ranks = k.data_parallel
-    sharded = ranks > 1 and k.zero_stage >= 2
+    dims = k.parallel
+    ranks = dims.data_parallel
+    strategy = strategy_for(dims)
+    sharded = strategy.shards_params
+    if dims.tp > 1:  # one tensor-parallel rank's share of the model (norms whole on every rank)
+        n = f"{format_count(rank_parameters(m, dims))} (TP {dims.tp})"
     per = f"{n} / {ranks}" if sharded else n
     table.add_row("parameters", f"{per} × {spec.param_bytes} B ({spec.param_dtype.value}"
                   + (" shards; gathered copies are in the peak)" if sharded else ")"), format_bytes(mem.params_bytes))
-    last_only = k.fsdp_grad_sync is GradSync.LAST
-    grads = (("sharded, reduce-scattered once per step; unsharded copies held between micro-batches are in the "
-              "peak" if last_only else "sharded, reduce-scattered after every micro-batch") if sharded else
-             "DDP's buckets, the whole step" if ranks > 1 else spec.grad_dtype.value)
+    grads = strategy.gradients(k) if ranks > 1 else spec.grad_dtype.value
     table.add_row("gradients", f"{per} × {spec.grad_bytes} B ({grads})", format_bytes(mem.grads_bytes))
-    state_per = f"{n} / {ranks}" if ranks > 1 and k.zero_stage >= 1 else n
+    state_per = f"{n} / {ranks}" if strategy.shards_state else n
     table.add_row(
         "optimizer state",
         f"{state_per} × {opt.state_tensors_per_param} × {spec.param_bytes} B ({t.optimizer.value})",
@@ -154,9 +156,10 @@ def memory_table(result: PlanResult) -> Table:
         f"saved for backward by one micro-batch of {k.micro_batch_size}×{t.seq_len} tokens",
         format_bytes(mem.activations_bytes),
     )
+    vocab = f"{m.vocab_size}/{dims.tp}" if dims.tp > 1 else f"{m.vocab_size}"
     table.add_row(
         "logits",
-        f"B·T·V = {k.micro_batch_size}·{t.seq_len}·{m.vocab_size} × 4 B (fp32 log-probs, end of forward)",
+        f"B·T·V = {k.micro_batch_size}·{t.seq_len}·{vocab} × 4 B (fp32 log-probs, end of forward)",
         format_bytes(mem.logits_bytes),
     )
     at = mem.at_peak
@@ -188,8 +191,12 @@ def time_table(result: PlanResult) -> Table:
     table.add_row("backward", "≈ 2 × forward FLOPs", _seconds(tb.backward_s))
     table.add_row("recompute", "checkpointed blocks' forward again", _seconds(tb.recompute_s))
     table.add_row("optimizer", "memory-bound pass over params, grads, state", _seconds(tb.optimizer_s))
-    if result.best.knobs.data_parallel > 1:
-        table.add_row("communication", "collectives compute does not hide (NCCL's model)", _seconds(tb.communication_s))
+    if k.parallel.tp > 1:
+        table.add_row("tensor-parallel collectives", "on the critical path, inside forward/backward (NCCL's model)",
+                      _seconds(tb.tensor_parallel_s))
+    if k.parallel.data_parallel > 1:
+        table.add_row("data-parallel collectives", "what they add beyond the compute they overlap (NCCL's model, "
+                      "compute slowed while overlapped)", _seconds(tb.communication_s))
     table.add_row(Text("step", style="bold"), f"lower bound (pure roofline) {_seconds(tb.lower_bound_s)}", Text(_seconds(tb.step_time_s), style="bold"))
     table.add_row(
         "FLOPs",
@@ -197,7 +204,7 @@ def time_table(result: PlanResult) -> Table:
         f"{_gpus(k)}",
         "",
     )
-    gpus = f"{k.data_parallel} GPUs × " if k.data_parallel > 1 else ""
+    gpus = f"{k.parallel.world_size} GPUs × " if k.parallel.world_size > 1 else ""
     table.add_row(
         "throughput",
         f"MFU = {est.model_flops_per_step:.3e} / ({_seconds(est.step_time_s)} × {gpus}{peak / 1e12:.1f} TFLOP/s "
@@ -214,7 +221,7 @@ def sources_table(result: PlanResult) -> Table:
     """The kernel figures behind the step time and MFU, and where each was measured."""
     k = result.best.knobs
     rows = time_sources(result.model.config, result.training.seq_len, result.hardware,
-                        precision_spec(k.precision).matmul_precision, k.data_parallel, result.parallel.gpus_per_node)
+                        precision_spec(k.precision).matmul_precision, k.parallel.world_size, result.parallel.gpus_per_node)
     table = Table(title="Where the time figures come from", title_justify="left", show_header=False)
     for what, figure in rows:
         table.add_row(what, figure)
@@ -243,7 +250,7 @@ def ops_table(result: PlanResult, limit: int = 10) -> Table:
 
 def alternatives_table(result: PlanResult) -> Table:
     table = Table(title="Next best plans that fit", title_justify="left")
-    sharded = result.best.knobs.data_parallel > 1
+    sharded = result.best.knobs.parallel.world_size > 1
     left = ("sharding", "precision", "checkpointed")
     columns = ("micro-batch × accum", *(("sharding",) if sharded else ()), "precision", "checkpointed", "device",
                "step", "vs best")

@@ -24,6 +24,7 @@ from planner.parallel import MODELLED_STAGES, zero_stages
 from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy, precision_spec
 from planner.strategies import strategy_for
+from planner.strategies.tensor import check_tensor_parallel
 
 # The default policy (README "Search"): by default only a policy that trains like the fp32
 # baseline (fp32 master weights and optimizer state, low-precision matmuls under autocast), so
@@ -36,6 +37,7 @@ FALLBACK_PRECISIONS = (PrecisionPolicy.FP16_MIXED, PrecisionPolicy.FP32)
 MICRO_BATCH = "micro_batch_size"
 PRECISION = "precision"
 ZERO_STAGE = "zero_stage"
+TP = "tp"
 
 Choice = int | str | bool
 Point = dict[str, Choice]
@@ -47,6 +49,7 @@ class SearchSpace(BaseModel):
     model_config = ConfigDict(frozen=True)
     dimensions: dict[str, tuple[Choice, ...]]  # name -> choices, in the order neighbours are taken
     fsdp_grad_sync: GradSync = GradSync.EVERY  # fixed: how ZeRO-2/3 points accumulate gradients
+    sequence_parallel: bool = True  # fixed: tensor-parallel points run with sequence parallelism
     world_size: int = 1
     global_batch_size: int = 1  # sequences per step: a micro-batch must divide each data-parallel rank's share
     gpus_per_node: int = 8
@@ -75,6 +78,10 @@ class SearchSpace(BaseModel):
     def zero_stages(self) -> tuple[int, ...]:
         return tuple(int(c) for c in self.dimensions[ZERO_STAGE])
 
+    @property
+    def tensor_parallel(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.dimensions.get(TP, (1,)))
+
     def key(self, point: Mapping[str, Any]) -> tuple[Choice, ...]:
         """A point as a hashable tuple, in dimension order."""
         return tuple(point[name] for name in self.names)
@@ -85,12 +92,19 @@ class SearchSpace(BaseModel):
 
     # --- which points are plans -----------------------------------------------------------
     def layout(self, point: Mapping[str, Any]) -> ParallelDims:
-        """The parallel layout of a point."""
-        return ParallelDims.data_parallel_of(self.world_size, int(point[ZERO_STAGE]))
+        """The parallel layout of a point (its tp ranks per group, data parallel over the groups)."""
+        tp = int(point.get(TP, 1))
+        return ParallelDims.data_parallel_of(self.world_size, int(point[ZERO_STAGE]), tp=tp,
+                                             sp=self.sequence_parallel and tp > 1)
 
     def allows(self, point: Mapping[str, Any]) -> bool:
-        """Whether a point is a plan: its precision runs under its strategy and its micro-batch
-        divides each data-parallel rank's sequences."""
+        """Whether a point is a plan: its layout exists (a ZeRO stage needs several data-parallel
+        ranks; tensor parallelism shares them through FSDP2), its precision runs under its strategy
+        and its micro-batch divides each data-parallel rank's sequences."""
+        tp, stage = int(point.get(TP, 1)), int(point[ZERO_STAGE])
+        data = self.world_size // tp
+        if (data == 1 and stage) or (tp > 1 and data > 1 and stage < 2):
+            return False
         layout = self.layout(point)
         if not strategy_for(layout).runs(PrecisionPolicy(point[PRECISION])):
             return False
@@ -121,9 +135,9 @@ class SearchSpace(BaseModel):
         precision allows (the likeliest to fit)."""
         out = []
         for precision in self.dimensions[PRECISION]:
-            options = [p for p in self.points() if p[PRECISION] == precision and p[MICRO_BATCH] == self.micro_batch_sizes[0]]
+            options = [p for p in self.points() if p[PRECISION] == precision]
             if options:
-                out.append(max(options, key=lambda p: int(p[ZERO_STAGE])))
+                out.append(min(options, key=lambda p: (int(p[MICRO_BATCH]), -int(p[ZERO_STAGE]), -int(p.get(TP, 1)))))
         return out
 
     def neighbours(self, point: Mapping[str, Any]) -> list[Point]:
@@ -149,6 +163,37 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
+def tensor_parallel_degrees(model: ModelConfig, training: TrainConfig, gpus: int, gpus_per_node: int,
+                            fixed: int | None, sequence_parallel: bool) -> tuple[int, ...]:
+    """The tensor-parallel degrees a request allows: ``--tp`` if given (checked, the error naming
+    it), else every degree that divides the GPUs, fits inside a node (TP's collectives are on the
+    critical path: NVLink), and that PyTorch can run on this model (heads, key/value heads, tied
+    embeddings, the sequence under SP)."""
+    def runs(tp: int) -> str | None:
+        try:
+            check_tensor_parallel(model, training.seq_len, ParallelDims(tp=tp, sp=sequence_parallel and tp > 1))
+        except ConfigError as error:
+            return str(error)
+        return None
+
+    batch = training.global_batch_size
+    if fixed is not None:
+        if fixed <= 0 or gpus % fixed:
+            raise ConfigError(f"--tp: {fixed} must be a positive divisor of the {gpus} GPUs (--gpus)")
+        if batch % (gpus // fixed):
+            raise ConfigError(f"--gpus: {gpus} GPUs in groups of --tp {fixed} are {gpus // fixed} data-parallel ranks, "
+                              f"which must divide the global batch {batch} so every rank gets whole sequences")
+        problem = runs(fixed)
+        if problem is not None:
+            raise ConfigError(f"--tp: {problem.removeprefix('parallel.tp: ').removeprefix('parallel.sp: ')}")
+        return (fixed,)
+    found = tuple(tp for tp in divisors(gpus) if tp <= gpus_per_node and not batch % (gpus // tp) and runs(tp) is None)
+    if not found:
+        raise ConfigError(f"--gpus: {gpus} must be a positive divisor of the global batch {batch} (so every GPU gets "
+                          "whole sequences), or a multiple of one by a tensor-parallel degree the model allows (--tp)")
+    return found
+
+
 def build_space(
     model: ModelConfig,
     training: TrainConfig,
@@ -161,18 +206,24 @@ def build_space(
     gpus_per_node: int = 8,
     zero_stage: int | None = None,
     fsdp_grad_sync: GradSync = GradSync.EVERY,
+    tensor_parallel: int | None = 1,
+    sequence_parallel: bool = True,
 ) -> SearchSpace:
-    """The space: micro-batches that divide each GPU's share of the global batch (accumulation
-    derived), precisions the device runs, ZeRO stages on several GPUs; a knob given is fixed."""
+    """The space: the layout (ZeRO stage and tensor-parallel degree on several GPUs),
+    micro-batches that divide each data-parallel rank's share of the global batch (accumulation
+    derived), the precisions the device runs; a knob given is fixed (``tensor_parallel`` None:
+    searched)."""
     stages = zero_stages(training, gpus, gpus_per_node, zero_stage)
-    per_gpu = training.global_batch_size // gpus
+    tps = tensor_parallel_degrees(model, training, gpus, gpus_per_node, tensor_parallel, sequence_parallel)
+    shares = {training.global_batch_size * tp // gpus for tp in tps}  # sequences per data-parallel rank
     if micro_batch_size is not None:
-        if micro_batch_size <= 0 or per_gpu % micro_batch_size:
-            raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_gpu} "
-                              f"sequences each GPU gets per step")
+        if micro_batch_size <= 0 or not any(share % micro_batch_size == 0 for share in shares):
+            per = " or ".join(str(share) for share in sorted(shares))
+            raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per} "
+                              f"sequences each data-parallel rank gets per step")
         sizes: tuple[int, ...] = (micro_batch_size,)
     else:
-        sizes = divisors(per_gpu)
+        sizes = tuple(sorted({d for share in shares for d in divisors(share)}))
     if precisions is None:
         chosen = tuple(p for p in DEFAULT_PRECISIONS if hw.supports(precision_spec(p).matmul_precision))
         if not chosen:
@@ -189,22 +240,29 @@ def build_space(
         chosen = tuple(dict.fromkeys(precisions))
 
     def space_of(policies: tuple[PrecisionPolicy, ...]) -> SearchSpace:
-        return SearchSpace(dimensions={MICRO_BATCH: sizes, PRECISION: tuple(p.value for p in policies),
-                                       ZERO_STAGE: stages},
-                           world_size=gpus, global_batch_size=training.global_batch_size, gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks,
-                           allow_segments=allow_segments, fsdp_grad_sync=fsdp_grad_sync)
+        dimensions: dict[str, tuple[Choice, ...]] = {MICRO_BATCH: sizes, PRECISION: tuple(p.value for p in policies),
+                                                     ZERO_STAGE: stages}
+        if gpus > 1:
+            dimensions[TP] = tps
+        return SearchSpace(dimensions=dimensions, world_size=gpus, global_batch_size=training.global_batch_size,
+                           gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks,
+                           allow_segments=allow_segments, fsdp_grad_sync=fsdp_grad_sync,
+                           sequence_parallel=sequence_parallel)
 
     space = space_of(chosen)
-    runnable = tuple(p for p in chosen if any(space.allows(space.point(micro_batch_size=sizes[0], precision=p,
-                                                                          zero_stage=z)) for z in stages))
-    if not runnable:  # FSDP2 runs fewer policies
-        every = space_of(tuple(PrecisionPolicy))
+    runnable = tuple(p for p in chosen if any(point[PRECISION] == p.value for point in space.points()))
+    if not runnable:
+        layouts = sorted({(int(point[ZERO_STAGE]), int(point.get(TP, 1))) for point in space_of(tuple(PrecisionPolicy))
+                          .points()})
+        if not layouts:
+            raise ConfigError(f"--zero-stage / --tp: no layout of {gpus} GPUs runs here: ZeRO-1 and DDP need one "
+                              "GPU per tensor-parallel group or none, ZeRO stages need several data-parallel ranks")
         allowed = ", ".join(p.value for p in PrecisionPolicy if any(
-            every.allows(every.point(micro_batch_size=sizes[0], precision=p, zero_stage=z)) for z in stages))
+            point[PRECISION] == p.value for point in space_of(tuple(PrecisionPolicy)).points()))
         raise ConfigError(f"--precision: {', '.join(p.value for p in chosen)} cannot run under --zero-stage "
                           f"{stages[0]} (FSDP2) as modelled; use {allowed}, or --zero-stage 0/1")
     return space_of(runnable)
 
 
-__all__ = ["MICRO_BATCH", "MODELLED_STAGES", "PRECISION", "ZERO_STAGE", "Point", "SearchSpace", "build_space",
-           "divisors"]
+__all__ = ["MICRO_BATCH", "MODELLED_STAGES", "PRECISION", "TP", "ZERO_STAGE", "Point", "SearchSpace", "build_space",
+           "divisors", "tensor_parallel_degrees"]

@@ -27,8 +27,19 @@ class SingleDevice:
     """One GPU: the whole model, its gradients and optimizer state on the device."""
 
     label = "one GPU"
+    runtime = "one process"  # how PyTorch runs it
     allows_segments = True  # multi-block checkpoint segments
     communicates = False  # runs collectives every step
+    shards_params = False  # parameters and gradients split over the data-parallel ranks (FSDP2)
+    shards_state = False  # optimizer state split over them (ZeRO-1 and FSDP2)
+
+    def describe(self, knobs: Knobs) -> str:
+        """How the data-parallel ranks share the work, for the report."""
+        return self.runtime
+
+    def gradients(self, knobs: Knobs) -> str:
+        """Where the gradients live between micro-batches, for the report."""
+        return "one copy, accumulated in place"
 
     def check(self, knobs: Knobs) -> None:
         """Raise ``ConfigError`` for knobs this strategy cannot run (naming the field)."""

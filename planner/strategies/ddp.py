@@ -28,8 +28,15 @@ class Ddp(SingleDevice):
     """DDP over the data-parallel ranks: replicated model, all-reduced gradients."""
 
     label = "DDP"
+    runtime = "DDP"
     communicates = True
     shards_optimizer = False
+
+    def describe(self, knobs: Knobs) -> str:
+        return "DDP (gradient buckets, all-reduced once per step)"
+
+    def gradients(self, knobs: Knobs) -> str:
+        return "DDP's buckets, the whole step"
 
     def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
                base: StaticMemory) -> StaticMemory:
@@ -52,7 +59,12 @@ class ZeroOne(Ddp):
     """ZeRO-1: DDP with the optimizer state partitioned over the ranks."""
 
     label = "ZeRO-1"
+    runtime = "DDP + ZeroRedundancyOptimizer"
     shards_optimizer = True
+    shards_state = True
+
+    def describe(self, knobs: Knobs) -> str:
+        return "DDP + ZeroRedundancyOptimizer (optimizer state sharded, updated partitions broadcast)"
 
     def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
                base: StaticMemory) -> StaticMemory:

@@ -16,7 +16,7 @@ from hardware.profile import HardwareProfile
 from planner.cache import IdentityCache
 from planner.fsdp import FSDP_PRECISIONS, FsdpLayout, fsdp_communication, fsdp_layout, fsdp_static, shard_fraction
 from planner.graph import LayerGraph
-from planner.knobs import Knobs
+from planner.knobs import GradSync, Knobs
 from planner.memory_types import StaticMemory
 from planner.ops.base import ParamTensor
 from planner.optimizer import OptimizerSpec
@@ -33,6 +33,21 @@ class Fsdp2(SingleDevice):
 
     allows_segments = False  # a segment's recompute would re-gather every block of it: not modelled
     communicates = True
+    runtime = "FSDP2"
+    shards_params = True
+    shards_state = True
+
+    def describe(self, knobs: Knobs) -> str:
+        kept = ("each block's params gathered for its forward and again for its backward" if self.reshard_after_forward
+                else "each block's params gathered from its forward to its backward")
+        sync = ("; gradients reduce-scattered after the last micro-batch only (set_requires_gradient_sync), every "
+                "unsharded gradient held until then" if knobs.fsdp_grad_sync is GradSync.LAST else "")
+        return f"FSDP2 (everything sharded; {kept}){sync}"
+
+    def gradients(self, knobs: Knobs) -> str:
+        if knobs.fsdp_grad_sync is GradSync.LAST:
+            return "sharded, reduce-scattered once per step; unsharded copies held between micro-batches are in the peak"
+        return "sharded, reduce-scattered after every micro-batch"
 
     def __init__(self, reshard_after_forward: bool) -> None:
         self.reshard_after_forward = reshard_after_forward

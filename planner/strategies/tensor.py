@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from planner.blocks import ModelDesc, OpDesc, TpRole
+from planner.blocks import ModelDesc, OpDesc, TpRole, describe
 from planner.config import ModelConfig, PositionKind
 from planner.errors import ConfigError
 from planner.ops.base import OpKind, ParamTensor
@@ -167,3 +167,22 @@ def shard_tensor_parallel(desc: ModelDesc, model: ModelConfig, tp: int, sequence
         if entry is not None:  # the module's forward receives the entry's output: its frame holds that too
             holds.append((entry, until))
     return ModelDesc(ops=tuple(ops), held_until=tuple(holds))
+
+
+def describe_tensor_parallel(model: ModelConfig, dims: ParallelDims) -> str:
+    """The tensor-parallel layout in words, for the report."""
+    heads = f"{model.n_heads // dims.tp} of {model.n_heads} heads"
+    if model.kv_heads != model.n_heads:
+        heads += f" ({model.kv_heads // dims.tp} of {model.kv_heads} key/value heads)"
+    sp = (" with sequence parallelism (norms, dropout and residuals on T/t tokens; all-gather before each "
+          "colwise group, reduce-scatter after each rowwise linear)" if dims.sp else
+          " (norms and residuals whole on every rank; all-reduce after each rowwise linear and of the "
+          "input gradient before each colwise group)")
+    return (f"{dims.tp} GPUs per group: parallelize_module, colwise q/k/v/gate/up and LM head, rowwise o/down, "
+            f"vocabulary-parallel embedding and loss, {heads} per GPU{sp}")
+
+
+def rank_parameters(model: ModelConfig, dims: ParallelDims) -> int:
+    """Parameters one tensor-parallel rank holds (before any data-parallel sharding)."""
+    desc = shard_tensor_parallel(describe(model), model, dims.tp, dims.sp, 1)
+    return sum(p.numel for p in desc.params.values())

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner.parallel_dims import layout_label
+
 pytest.importorskip("matplotlib")
 
 from matplotlib.artist import Artist  # noqa: E402
@@ -22,7 +24,6 @@ from roofplan import api  # noqa: E402
 from roofplan.cli import build_parser  # noqa: E402
 from roofplan.cli import main as plan_main  # noqa: E402
 from roofplan.plots import CHARTS, memory_figure, pareto_figure, write_plots  # noqa: E402
-from roofplan.render import zero_label  # noqa: E402
 
 GB = 1e9
 
@@ -124,7 +125,7 @@ def test_multi_gpu_titles_name_gpus_and_sharding(multi: PlanResult) -> None:
     for chart in (pareto_figure, memory_figure):
         title = axes_of(chart(multi)).get_title()
         assert f"8 × {multi.hardware.name}" in title
-        assert zero_label(knobs) in title and f"ZeRO-{knobs.zero_stage}" in title
+        assert layout_label(knobs.parallel) in title and f"ZeRO-{knobs.zero_stage}" in title
 
 
 def test_nothing_fits_titles_say_so(closest: PlanResult, single: PlanResult) -> None:

@@ -20,7 +20,7 @@ def _best(model: ModelConfig, training: TrainConfig, hw: str, cap: int, gpus: in
         result = api.plan(model, training, hw, cap, gpus=gpus, sampler=sampler)
     except InfeasibleError:
         return None
-    assert result.best.estimate.memory.fits and result.best.knobs.data_parallel == gpus
+    assert result.best.estimate.memory.fits and result.best.knobs.parallel.world_size == gpus
     return result.best.estimate.step_time_s
 
 
@@ -68,7 +68,7 @@ def test_infeasible_names_the_fewest_gpus() -> None:
     with pytest.raises(InfeasibleError) as error:
         api.plan(model, training, "h100-sxm", "80GB", precisions=["bf16-mixed"])
     message = str(error.value)
-    assert "it fits on 2 GPUs with ZeRO-2" in message and "--gpus 2 --zero-stage 2" in message
+    assert "it fits on 2 GPUs as ZeRO-2 (FSDP2) × 2" in message and "--gpus 2 --zero-stage 2" in message
     fits = api.plan(model, training, "h100-sxm", "80GB", precisions=["bf16-mixed"], gpus=2, zero_stage=2)
     assert fits.best.estimate.memory.fits
     with pytest.raises(InfeasibleError):  # the least sharding that fits: ZeRO-1 does not on 2 GPUs
@@ -84,7 +84,7 @@ def test_infeasible_names_the_fewest_gpus() -> None:
         ({"gpus": 2, "zero_stage": 5}, "--zero-stage"),
         ({"gpus": 2, "zero_stage": 3, "precisions": ["fp16-mixed"]}, "--precision"),
         ({"gpus": 2, "gpus_per_node": 0}, "--gpus-per-node"),
-        ({"gpus": 2, "micro_batch_size": 8}, "--micro-batch"),
+        ({"gpus": 2, "micro_batch_size": 16}, "--micro-batch"),  # 8 (4 per rank, or 8 per TP pair) has no 16
     ],
 )
 def test_bad_multi_gpu_requests(kwargs: dict, needle: str) -> None:
