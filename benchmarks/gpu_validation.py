@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import kernel_sections  # noqa: E402
 
+from hardware.dtypes import ComputePrecision  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
 from planner.config import ModelConfig  # noqa: E402
 from planner.estimate import cached_graph  # noqa: E402
@@ -114,8 +115,13 @@ def main() -> int:
             fixed = knobs.model_copy(update={"grad_accum_steps": global_batch // knobs.micro_batch_size})
             plan = api.estimate_plan(model, training, hardware, fixed)
         knobs = plan.best.knobs
-        graph = cached_graph(model, knobs.micro_batch_size, seq_len, precision_spec(knobs.precision))
-        profile = calibrate(args.device, workload=graph)
+        spec = precision_spec(knobs.precision)
+        graph = cached_graph(model, knobs.micro_batch_size, seq_len, spec)
+        # --quick: fp32 (every non-matmul op's) and the plan's precision on one small generic shape (a smoke
+        # test of the script, not a calibration)
+        wanted = list(dict.fromkeys((ComputePrecision.FP32, spec.matmul_precision)))
+        quick = {"precisions": wanted, "shapes": ((256, 256, 256),)} if args.quick else {}
+        profile = calibrate(args.device, workload=graph, **quick)
         report = run(plan, device=args.device, steps=args.steps, profile=profile)
         rows.append(_row(label, report, knobs, plan.best.estimate.step_time_s))
         print(rows[-1], flush=True)

@@ -44,7 +44,7 @@ def load_profile_file(path: Path) -> HardwareProfile:
     except OSError as error:
         raise ConfigError(f"hardware: cannot read {path}: {error.strerror or error}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

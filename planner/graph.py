@@ -1,23 +1,29 @@
-"""The layer graph: one networkx node per op of a training step's forward, in execution order.
+"""The layer graph: one node per op of a training step's forward, in execution order.
 
 Nodes are named after the reference model's modules (``blocks.3.attn.q_proj``); each carries
 its ``LayerSpec`` and its ``LayerCost`` for one micro-batch, and edges carry the activation
 tensors from producer to consumer (``inputs`` keeps their order). ``block`` on a node says which
 transformer block it belongs to, so checkpoint units are visible in the graph.
+
+``LayerGraph.graph`` is the same graph as a ``networkx.DiGraph`` (nodes carry ``op``, ``block``
+and ``saved_bytes``, edges ``index`` and ``saved``), built on first use: the planner walks the
+plain node table, so planning never imports networkx.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from planner.blocks import ModelDesc, OpDesc, describe
 from planner.config import ModelConfig
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, ParamTensor, TensorInfo
 from planner.ops.catalog import cost_of
 from planner.precision import PrecisionSpec
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 @dataclass(frozen=True)
@@ -35,20 +41,36 @@ class LayerGraph:
     batch: int
     seq_len: int
     precision: PrecisionSpec
-    graph: nx.DiGraph = field(repr=False)
+    ops: dict[str, GraphNode] = field(repr=False)  # name -> node
     order: tuple[str, ...]
     # tensor -> last op of the module call that received it as an argument: Python keeps a
     # module's arguments alive until the call returns, even when autograd saves nothing of them
     held_until: dict[str, str] = field(default_factory=dict, repr=False)
 
+    saved: dict[str, int] = field(default_factory=dict, repr=False)  # name -> saved_bytes
+    edges: tuple[tuple[str, str, int, bool], ...] = field(default=(), repr=False)  # producer, consumer, slot, saved
+
     def node(self, name: str) -> GraphNode:
-        return self.graph.nodes[name]["op"]  # type: ignore[no-any-return]
+        return self.ops[name]
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The graph as a networkx DiGraph (built on first use)."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for name in self.order:
+            op = self.ops[name]
+            g.add_node(name, op=op, block=op.spec.block, saved_bytes=self.saved[name])
+        for producer, consumer, index, saved in self.edges:
+            g.add_edge(producer, consumer, index=index, saved=saved)
+        return g
 
     def saved_bytes(self, name: str) -> int:
         """Bytes op ``name`` keeps alive for backward without checkpointing: what it saves of its
         own (statistics, masks, copies) plus its output if it or a consumer saves that output.
         A tensor saved by several ops is counted once, at its producer."""
-        return int(self.graph.nodes[name]["saved_bytes"])
+        return self.saved[name]
 
     @cached_property
     def nodes(self) -> tuple[GraphNode, ...]:
@@ -118,7 +140,8 @@ def _spec(**fields: object) -> LayerSpec:
 class _Builder:
     def __init__(self, model: ModelConfig, batch: int, seq_len: int, precision: PrecisionSpec) -> None:
         self.model, self.batch, self.seq_len, self.precision = model, batch, seq_len, precision
-        self.graph = nx.DiGraph()
+        self.ops: dict[str, GraphNode] = {}
+        self.edges: list[tuple[str, str, int, bool]] = []
         self.order: list[str] = []
         self.costs: dict[tuple[object, ...], LayerCost] = {}
 
@@ -131,14 +154,14 @@ class _Builder:
         if cost is None:
             ctx = OpContext(batch=self.batch, seq_len=self.seq_len, precision=self.precision, inputs=tensors)
             cost = self.costs[key] = cost_of(spec, ctx)
-        self.graph.add_node(spec.name, op=GraphNode(spec=spec, cost=cost, inputs=inputs), block=spec.block)
+        self.ops[spec.name] = GraphNode(spec=spec, cost=cost, inputs=inputs)
         for position, producer in enumerate(inputs):
-            self.graph.add_edge(producer, spec.name, index=position, saved=cost.saves_input(position))
+            self.edges.append((producer, spec.name, position, cost.saves_input(position)))
         self.order.append(spec.name)
         return spec.name
 
     def output(self, name: str) -> TensorInfo:
-        return self.graph.nodes[name]["op"].cost.output  # type: ignore[no-any-return]
+        return self.ops[name].cost.output
 
     def op(self, desc: OpDesc) -> None:
         """Instantiate one described op."""
@@ -160,11 +183,14 @@ def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: Precisi
     g = _Builder(model, batch, seq_len, precision)
     for op in desc.ops:
         g.op(op)
+    consumers_save: set[str] = {producer for producer, _, _, saved in g.edges if saved}
+    saved_bytes = {}
     for name in g.order:  # bytes each op's forward leaves alive for backward (no checkpointing)
-        cost = g.graph.nodes[name]["op"].cost
-        kept = cost.saves_output or any(data["saved"] for _, _, data in g.graph.out_edges(name, data=True))
-        g.graph.nodes[name]["saved_bytes"] = sum(cost.saved_extra_bytes) + (cost.output.n_bytes if kept else 0)
-    return LayerGraph(model=model, batch=batch, seq_len=seq_len, precision=precision, graph=g.graph,
+        cost = g.ops[name].cost
+        kept = cost.saves_output or name in consumers_save
+        saved_bytes[name] = sum(cost.saved_extra_bytes) + (cost.output.n_bytes if kept else 0)
+    return LayerGraph(model=model, batch=batch, seq_len=seq_len, precision=precision, ops=g.ops, saved=saved_bytes,
+                      edges=tuple(g.edges),
                       order=tuple(g.order), held_until=dict(desc.held_until))
 
 

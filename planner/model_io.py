@@ -115,7 +115,7 @@ def _parse_file(path: Path, context: str) -> Any:
         except json.JSONDecodeError as error:
             raise ConfigError(f"{context}: line {error.lineno}: malformed JSON ({error.msg})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark is not None else ""

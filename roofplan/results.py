@@ -9,13 +9,17 @@ validation report).
 from __future__ import annotations
 
 import io
-
-from rich.console import Console, RenderableType
+from typing import TYPE_CHECKING
 
 from planner.results import PlanResult
 
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
 
 def html_of(renderable: RenderableType, width: int) -> str:
+    from rich.console import Console  # not at import: ``plan --json`` never renders
+
     console = Console(record=True, width=width, file=io.StringIO())
     console.print(renderable)
     return console.export_html(inline_styles=True)

@@ -49,8 +49,10 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int, min_se
     sync()
     once = max(time.perf_counter() - start, 1e-7)
     inner = max(1, int(min_seconds / once))
-    samples = []
-    for _ in range(repeats):
+    samples = [once]
+    # a slow kernel (bf16 matmuls on a CPU without bf16 units: seconds each) gets about 2 s of
+    # repeats, not ``repeats`` of them: its own timing already spans many scheduler ticks
+    for _ in range(max(1, min(repeats, int(2.0 / (once * inner))))):
         start = time.perf_counter()
         for _ in range(inner):
             fn()
