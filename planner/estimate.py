@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware.dtypes import DType
 from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
-from planner.blocks import describe
 from planner.cache import IdentityCache
 from planner.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
@@ -29,7 +28,7 @@ from planner.optimizer import optimizer_spec
 from planner.precision import PrecisionSpec, precision_spec
 from planner.schedule import Schedule
 from planner.strategies import Fsdp2, strategy_for
-from planner.strategies.tensor import check_tensor_parallel, shard_tensor_parallel
+from planner.strategies.tensor import check_tensor_parallel, rank_description
 from planner.timing import (
     OpGroup,
     OpRoofline,
@@ -132,8 +131,7 @@ def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSp
                  tp_ranks_per_node: int = 1) -> LayerGraph:
     """One rank's graph: the model's description as tensor parallelism shards it
     (``planner.strategies.tensor``), each op priced by its formula."""
-    desc = shard_tensor_parallel(describe(model), model, tp, sp, tp_ranks_per_node)
-    return build_graph(model, batch, seq_len, spec, desc)
+    return build_graph(model, batch, seq_len, spec, rank_description(model, tp, sp, tp_ranks_per_node))
 
 
 def rank_graph(model: ModelConfig, training: TrainConfig, knobs: Knobs, spec: PrecisionSpec,
@@ -231,7 +229,7 @@ def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
     spec = precision_spec(knobs.precision)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
     dims = knobs.parallel
-    tensors = shard_tensor_parallel(describe(model), model, dims.tp, dims.sp, 1).params  # sizes only
+    tensors = rank_description(model, dims.tp, dims.sp, 1).params  # sizes only
     model_state = strategy_for(dims).model_state_lower_bound(tensors, spec, knobs, hw, opt.state_tensors_per_param)
     data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
     vocab = math.ceil(model.vocab_size / dims.tp)  # loss_parallel: this rank's share of the vocabulary

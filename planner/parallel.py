@@ -22,6 +22,7 @@ a ring runs over every NIC of a node at once.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Sequence
 
@@ -90,11 +91,11 @@ def zero1_partition(params: Sequence[ParamTensor], world_size: int) -> list[list
     rank with the fewest elements so far (torch/distributed/optim/zero_redundancy_optimizer.py,
     ``_partition_parameters``)."""
     ranks: list[list[ParamTensor]] = [[] for _ in range(world_size)]
-    sizes = [0] * world_size
+    lightest = [(0, rank) for rank in range(world_size)]  # a heap of (elements so far, rank): ties to the lowest rank
     for param in sorted(params, key=lambda p: p.numel, reverse=True):
-        rank = min(range(world_size), key=lambda r: (sizes[r], r))
+        size, rank = heapq.heappop(lightest)
         ranks[rank].append(param)
-        sizes[rank] += param.numel
+        heapq.heappush(lightest, (size + param.numel, rank))
     return ranks
 
 

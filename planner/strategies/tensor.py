@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import lru_cache
 
 from planner.blocks import ModelDesc, OpDesc, TpRole, describe
 from planner.config import ModelConfig, PositionKind
@@ -98,6 +99,13 @@ def _vocab_rows(op: OpDesc, tp: int) -> OpDesc:
     local = _chunk(v, tp)
     params = tuple(ParamTensor(name=p.name, numel=local * d, rows=local, grad_numel=v * d) for p in op.params)
     return replace(op, params=params).with_fields(in_features=local)
+
+
+@lru_cache(maxsize=128)
+def rank_description(model: ModelConfig, tp: int, sequence_parallel: bool, ranks_per_node: int) -> ModelDesc:
+    """The description of one tensor-parallel rank of ``model`` (memoized: the search asks for
+    the same layout at every point)."""
+    return shard_tensor_parallel(describe(model), model, tp, sequence_parallel, ranks_per_node)
 
 
 def shard_tensor_parallel(desc: ModelDesc, model: ModelConfig, tp: int, sequence_parallel: bool,
@@ -184,5 +192,4 @@ def describe_tensor_parallel(model: ModelConfig, dims: ParallelDims) -> str:
 
 def rank_parameters(model: ModelConfig, dims: ParallelDims) -> int:
     """Parameters one tensor-parallel rank holds (before any data-parallel sharding)."""
-    desc = shard_tensor_parallel(describe(model), model, dims.tp, dims.sp, 1)
-    return sum(p.numel for p in desc.params.values())
+    return sum(p.numel for p in rank_description(model, dims.tp, dims.sp, 1).params.values())
