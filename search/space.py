@@ -141,16 +141,35 @@ class SearchSpace(BaseModel):
         return out
 
     def neighbours(self, point: Mapping[str, Any]) -> list[Point]:
-        """Adjacent micro-batches, then the same point with each other choice of every other
-        dimension, in dimension order; only allowed points."""
-        out: list[Point] = []
+        """Adjacent micro-batches, then for each other choice of every other dimension the plans
+        nearest the point with that choice (fewest other dimensions changed, then the nearest
+        micro-batch): a layout's choices are coupled (tensor parallelism needs FSDP2 beside it,
+        a micro-batch must divide the rank's share), so the same point with one choice changed
+        is often no plan while its nearest repair is."""
         sizes = self.dimensions[MICRO_BATCH]
         i = sizes.index(point[MICRO_BATCH])
-        out += [{**point, MICRO_BATCH: sizes[j]} for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
+        out: list[Point] = [{**point, MICRO_BATCH: sizes[j]} for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
+        out = [p for p in out if self.allows(p)]
+        plans = list(self.points())
         for name, choices in self.dimensions.items():
-            if name != MICRO_BATCH:
-                out += [{**point, name: c} for c in choices if c != point[name]]
-        return [p for p in out if self.allows(p)]
+            if name == MICRO_BATCH:
+                continue
+            others = [n for n in self.names if n not in (name, MICRO_BATCH)]
+
+            def distance(p: Point, others: list[str] = others) -> tuple[int, int]:
+                return sum(p[n] != point[n] for n in others), abs(sizes.index(p[MICRO_BATCH]) - i)
+
+            for choice in choices:
+                if choice == point[name]:
+                    continue
+                candidates = [p for p in plans if p[name] == choice]
+                if candidates:
+                    nearest = min(distance(p) for p in candidates)
+                    out += [p for p in candidates if distance(p) == nearest]
+        unique: dict[tuple[Choice, ...], Point] = {}
+        for p in out:
+            unique.setdefault(self.key(p), p)
+        return list(unique.values())
 
 
 def _plain(value: Any) -> Choice:

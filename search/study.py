@@ -6,10 +6,12 @@ optional RDB storage (``sqlite:///study.db``, PostgreSQL, MySQL) so several ``pl
 several machines share one study; the result is read back from the study, so every worker's
 trials count. The objective is step time at the fixed global batch.
 
-The sampler only sees the two discrete knobs. For each point the checkpoint placement is not
-sampled (2^L booleans) but solved exactly (``search.candidates``). After the sampler's budget,
-the unvisited neighbours of the incumbent (adjacent micro-batches, other precisions) are priced
-too, so a sampler that stalls on a small space still ends at the best point around it.
+The sampler sees the space's named dimensions (``search.space``). For each point the checkpoint
+placement is not sampled (2^L booleans) but solved exactly (``search.candidates``). A space with
+no more plans than the trial budget is priced whole (the result is exhaustive enumeration's);
+a larger one is sampled, and after the sampler's budget the unvisited neighbours of the
+incumbent (adjacent micro-batches, each other choice of every other dimension) are priced too,
+so a sampler that stalls still ends at the best point around it.
 
 A study is for one workload (``search.identity``): a worker joining a study made for another
 workload is refused before it adds a trial.
@@ -220,9 +222,12 @@ def run_search(
     n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
     done = 0
     if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
+        plans = list(space.points())
+        whole = len(plans) <= n_trials  # the budget covers the space: price every plan (a sampler would prune or revisit)
         with same_space(options.study_name):
-            done = _add_points(study, space, space.known_good(), price, tag)
-        n_trials = max(n_trials, done)  # more precisions than --trials: the known-good points are the budget
+            done = _add_points(study, space, plans if whole else space.known_good(), price, tag)
+        # else more precisions than --trials: the known-good points are the budget
+        n_trials = done if whole else max(n_trials, done)
         if on_trial is not None and done:
             on_trial(done, n_trials)
 
@@ -271,6 +276,9 @@ def _key(space: SearchSpace, trial: optuna.trial.FrozenTrial) -> tuple[object, .
     return space.key(trial.params)
 
 
+POLISHED_LEADERS = 5  # the polish walks from the best plan, then from the runners-up
+
+
 def _polish(
     study: optuna.Study,
     space: SearchSpace,
@@ -278,15 +286,20 @@ def _polish(
     evaluations: dict[tuple[object, ...], Evaluation],
     tag: str,
 ) -> None:
-    """Price the unvisited neighbours of the incumbent until it stops improving."""
+    """Price the unvisited neighbours of the best plan, then of the runners-up, until none of
+    the leaders has an unvisited neighbour (a leader's neighbour that wins becomes a leader)."""
     while True:
         trials = complete_trials(study, tag)
         feasible = [t for t in trials if t.user_attrs.get("excess_bytes", 1) <= 0]
         if not feasible:
             return
-        incumbent = min(feasible, key=lambda t: (t.value, t.number))
         visited = {_key(space, t) for t in trials} | set(evaluations)
-        fresh = [n for n in space.neighbours(incumbent.params) if space.key(n) not in visited]
+        leaders = sorted(feasible, key=lambda t: (t.value, t.number))[:POLISHED_LEADERS]
+        fresh = []
+        for leader in leaders:  # the best plan's neighbours first; the runners-up's once those are all priced
+            fresh = [n for n in space.neighbours(leader.params) if space.key(n) not in visited]
+            if fresh:
+                break
         if not fresh:
             return
         _add_points(study, space, fresh, price, tag)  # each pass completes at least one new point: it ends

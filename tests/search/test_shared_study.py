@@ -19,7 +19,7 @@ from test_search_cli import DEFAULT_PRECISIONS, DIVISORS_OF_8, REPO, TINY, call,
 def _start_worker(url: str, seed: int, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "roofplan.cli", "--model", "tiny-llama", "--global-batch", "16", "--storage", url,
-         "--study-name", "shared", "--trials", "6", "--seed", str(seed), "--json"],
+         "--study-name", "shared", "--trials", "3", "--seed", str(seed), "--json"],
         cwd=REPO, env={**os.environ, "COLUMNS": "120", **(env or {})}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )
@@ -138,7 +138,7 @@ def test_two_processes_share_a_study(tmp_path: Path) -> None:
 
     for result in results:
         assert result["search"]["study_name"] == "shared" and result["search"]["storage"] == url
-        assert 6 <= result["search"]["n_trials"] <= len(complete)
+        assert 3 <= result["search"]["n_trials"] <= len(complete)  # 5 plans, 3 trials each: sampled
         # no worker reports a plan better than the study holds
         assert result["best"]["estimate"]["step_time_s"] >= best_in_study * (1 - 1e-9)
     # the worker that read the study last saw every trial of both (the other had finished its
