@@ -25,7 +25,7 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
     lines = [
         f"nothing fits in {format_bytes(cap_bytes)} on {hardware_name}: the smallest plan needs "
         f"{format_bytes(mem.device_bytes)} on the device",
-        f"  smallest plan (the least memory of every plan searched): micro-batch {knobs.micro_batch_size} x "
+        f"  smallest plan (the least memory of any plan the request allows): micro-batch {knobs.micro_batch_size} x "
         f"{knobs.grad_accum_steps} accumulation, {knobs.precision.value}, {n_blocks} blocks checkpointed{segments}"
         f"{sharding}",
         f"  its peak {format_bytes(mem.peak_allocated_bytes)} at {mem.peak_phase.value} / {mem.peak_op}: {parts}",

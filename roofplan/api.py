@@ -137,6 +137,7 @@ def plan(
     fsdp_grad_sync: str | GradSync = GradSync.EVERY,
     tp: int | None = None,
     sequence_parallel: bool = True,
+    on_stage: Callable[[str], None] | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
@@ -147,7 +148,9 @@ def plan(
 
     ``checkpoint`` is ``"none"``, ``"all"``, ``"0,2,5-9"`` or a list of block indices. Raises
     ``InfeasibleError`` (exit code 1 on the command line) when nothing fits, with the smallest
-    plan found and what would make it fit.
+    plan found and what would make it fit. ``on_trial(done, planned)`` follows the search's
+    trials, ``on_stage(text)`` names each longer step without trials (the smallest plan and the
+    fewest GPUs, when nothing fits).
     """
     hw = load_hardware(hardware)
     cap = hbm_cap(hw, hbm)
@@ -193,12 +196,14 @@ def plan(
                                 study_name=study_name)
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error, "search options")) from None
-    outcome = run_search(model, training, hw, cap, space, options, on_trial)
+    outcome = run_search(model, training, hw, cap, space, options, on_trial, on_stage)
     if outcome.best is None:
         if outcome.closest is None:
             raise InfeasibleError(f"nothing fits in {cap} bytes on {hw.name}, and no plan could be priced")
         closest = Plan(model=summarize_model(model), training=training, hardware=hw, hbm_cap_bytes=cap,
                              parallel=parallel, best=outcome.closest, search=outcome.stats)
+        if on_stage is not None:
+            on_stage("nothing fits: finding the fewest GPUs that would hold it")
         raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, _scale_out(
             model, training, hw, cap, space.precisions, gpus, gpus_per_node, grad_sync, allow_segments)),
             closest=closest)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hardware.errors import PlannerError
+from planner.errors import InfeasibleError
 from roofplan.cli_support import OneLineParser, survives_closed_pipe
 
 
@@ -88,9 +89,10 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--trials: must be positive, got {args.trials}")
     if args.storage and not args.study_name:
         raise ConfigError("--study-name: required with --storage, so that workers join the same study")
-    with _progress(enabled=sys.stderr.isatty()) as on_trial:
-        result = _plan_or_closest(api, args, model, training, on_trial)
-    if result is None:
+    with _progress(enabled=sys.stderr.isatty()) as progress:
+        result = _plan_or_closest(api, args, model, training, progress)
+    if isinstance(result, InfeasibleError):  # reported once the progress bar is gone
+        _report_infeasible(result, args)
         return 1
     if args.out:
         result.save(args.out)
@@ -125,11 +127,8 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if fits and (report is None or report.passed) else 1
 
 
-def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: Any, on_trial: Any) -> Any:
-    """Run the plan; when nothing fits, print the message (and with --json the smallest plan
-    found, ``fits: false``) and return None."""
-    from planner.errors import InfeasibleError
-
+def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: Any, progress: Any) -> Any:
+    """Run the plan: the result, or the ``InfeasibleError`` when nothing fits."""
     try:
         return api.plan(
             model,
@@ -145,7 +144,8 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             storage=args.storage,
             study_name=args.study_name,
             allow_segments=not args.no_segments,
-            on_trial=on_trial,
+            on_trial=progress.on_trial if progress else None,
+            on_stage=progress.on_stage if progress else None,
             gpus=args.gpus,
             gpus_per_node=args.gpus_per_node,
             zero_stage=args.zero_stage,
@@ -154,15 +154,19 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             sequence_parallel=not args.no_sequence_parallel,
         )
     except InfeasibleError as error:
-        print(f"plan: {error}", file=sys.stderr)
-        if args.json and error.closest is not None:
-            print(json.dumps(error.closest.model_dump(mode="json"), indent=2))  # type: ignore[attr-defined]
-        if args.plot and error.closest is not None:
-            from roofplan.plots import write_plots
+        return error
 
-            written = write_plots(error.closest, args.plot)  # type: ignore[arg-type]
-            print(f"charts of the smallest plan written: {', '.join(str(p) for p in written)}", file=sys.stderr)
-        return None
+
+def _report_infeasible(error: InfeasibleError, args: argparse.Namespace) -> None:
+    """Nothing fits: the message, and with --json the smallest plan (``fits: false``), with --plot its charts."""
+    print(f"plan: {error}", file=sys.stderr)
+    if args.json and error.closest is not None:
+        print(json.dumps(error.closest.model_dump(mode="json"), indent=2))  # type: ignore[attr-defined]
+    if args.plot and error.closest is not None:
+        from roofplan.plots import write_plots
+
+        written = write_plots(error.closest, args.plot)  # type: ignore[arg-type]
+        print(f"charts of the smallest plan written: {', '.join(str(p) for p in written)}", file=sys.stderr)
 
 
 def _check_outputs(out: str | None, plot: str | None) -> None:
@@ -182,28 +186,31 @@ def _check_outputs(out: str | None, plot: str | None) -> None:
 
 
 class _progress:
-    """A rich progress bar on stderr while the search runs (only on a terminal)."""
+    """A rich progress bar on stderr while the search runs (only on a terminal): the trials, then
+    each longer step without trials by name (a pulsing bar), with the elapsed time."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.bar: Any = None
         self.task: Any = None
 
-    def __enter__(self):
+    def __enter__(self) -> _progress | None:
         if not self.enabled:
             return None
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.bar = Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=Console(stderr=True), transient=True)
         self.bar.__enter__()
-        self.task = self.bar.add_task("search", total=None)
+        self.task = self.bar.add_task("searching", total=None)
+        return self
 
-        def on_trial(done: int, total: int) -> None:
-            self.bar.update(self.task, completed=done, total=total)
+    def on_trial(self, done: int, total: int) -> None:
+        self.bar.update(self.task, description="searching", completed=done, total=total)
 
-        return on_trial
+    def on_stage(self, text: str) -> None:
+        self.bar.update(self.task, description=text, completed=0, total=None)
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:

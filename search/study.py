@@ -194,8 +194,10 @@ def run_search(
     space: SearchSpace,
     options: SearchOptions,
     on_trial: Callable[[int, int], None] | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> SearchOutcome:
-    """Run (or join) the study and read the answer back from it."""
+    """Run (or join) the study and read the answer back from it. ``on_trial(done, planned)``
+    follows the trials; ``on_stage(text)`` names a longer step that has no trials to count."""
     from planner.estimate import estimate
 
     start = time.perf_counter()
@@ -258,7 +260,11 @@ def run_search(
     points = [ParetoPoint.model_validate(p) for t in feasible for p in t.user_attrs.get("pareto", [])]
     # nothing fits: the least memory over the whole space, computed directly (not the smallest
     # point a sampler happened to visit), so every sampler reports the same plan
-    closest = entry(smallest_plan(model, training, hw, space).knobs) if best is None else None
+    closest = None
+    if best is None:
+        if on_stage is not None:
+            on_stage("nothing fits: finding the smallest plan")
+        closest = entry(smallest_plan(model, training, hw, space).knobs)
     stats = SearchStats(
         sampler=options.sampler.value,
         n_trials=len(trials),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from hardware.dtypes import ComputePrecision
+from hardware.profile import HardwareProfile
 from hardware.registry import load_hardware
 from planner.config import ModelConfig, TrainConfig
 from planner.precision import PrecisionPolicy, precision_spec
@@ -25,15 +27,32 @@ def test_default_space_has_only_numerics_preserving_policies(hardware: str, expe
     assert not any(precision_spec(p).changes_numerics for p in space.precisions)
 
 
-def test_devices_without_bf16_fall_back_to_fp16_mixed() -> None:
+def _without(name: str, *dropped: ComputePrecision) -> HardwareProfile:
+    """A bundled profile whose device lacks ``dropped`` matmul precisions (every bundled GPU has
+    bf16; a V100 or T4 has fp16 tensor cores only)."""
+    hw = load_hardware(name)
+    data = hw.model_dump()
+    for key in ("peak_flops_per_s", "compute_efficiency"):
+        data[key] = {p: v for p, v in data[key].items() if p not in dropped}
+    return HardwareProfile.model_validate({**data, "name": f"{name}-without-{'-'.join(p.value for p in dropped)}"})
+
+
+def test_every_bundled_device_searches_one_numerics_preserving_policy() -> None:
     for name in ("h100-sxm", "a100-sxm-40gb", "l4", "rtx-4090", "mi300x", "cpu"):
-        hw = load_hardware(name)
-        space = build_space(TINY, TRAINING, hw)
+        space = build_space(TINY, TRAINING, load_hardware(name))
         assert len(space.precisions) == 1
-        chosen = space.precisions[0]
-        assert not precision_spec(chosen).changes_numerics
-        if not hw.supports(precision_spec(PrecisionPolicy.BF16_MIXED).matmul_precision):
-            assert chosen in (PrecisionPolicy.FP16_MIXED, PrecisionPolicy.FP32)
+        assert not precision_spec(space.precisions[0]).changes_numerics
+
+
+def test_devices_without_bf16_fall_back_to_fp16_mixed() -> None:
+    no_bf16 = _without("a100-sxm-80gb", ComputePrecision.BF16)
+    assert not no_bf16.supports(ComputePrecision.BF16)
+    assert build_space(TINY, TRAINING, no_bf16).precisions == (PrecisionPolicy.FP16_MIXED,)
+    result = api.plan(TINY, TRAINING, no_bf16)
+    assert result.best.knobs.precision is PrecisionPolicy.FP16_MIXED
+    # and without fp16 tensor cores either: fp32, the baseline itself
+    neither = _without("a100-sxm-80gb", ComputePrecision.BF16, ComputePrecision.FP16, ComputePrecision.FP8)
+    assert build_space(TINY, TRAINING, neither).precisions == (PrecisionPolicy.FP32,)
 
 
 def test_numerics_changing_policies_only_when_named() -> None:

@@ -125,3 +125,36 @@ def test_fewest_gpus_is_the_first_count_whose_minimum_fits() -> None:
     with pytest.raises(InfeasibleError) as info:
         api.plan(model, training, HW, cap, gpus=1)
     assert f"--gpus {gpus} " in str(info.value)
+
+
+def test_the_steps_after_the_search_are_named_as_they_start() -> None:
+    """Nothing fits: the smallest plan and the fewest GPUs take longer than the search itself on a
+    large model (13 s of a 15 s `plan` for llama3-70b on 8 A100s); each is named as it starts."""
+    model, training = api.load_model("tiny-llama", global_batch_size=8)
+    stages: list[str] = []
+    trials: list[tuple[int, int]] = []
+    with pytest.raises(InfeasibleError):
+        api.plan(model, training, HW, "1MB", on_trial=lambda done, total: trials.append((done, total)),
+                 on_stage=stages.append)
+    assert trials and trials[-1][0] == trials[-1][1]  # the search ran to its end first
+    assert stages == ["nothing fits: finding the smallest plan",
+                      "nothing fits: finding the fewest GPUs that would hold it"]
+
+
+def test_on_a_terminal_the_message_comes_after_the_progress_bar(capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bar is transient: once it is gone, the message is the last thing on stderr (it was
+    printed while the bar was live, and the finished bar was drawn again under it)."""
+    import re
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    code = plan_main(["--model", "tiny-llama", "--global-batch", "8", "--hbm", "1MB"])
+    _, err = capsys.readouterr()
+    assert code == 1
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err).replace("\r", "\n")
+    lines = [line for line in plain.splitlines() if line.strip()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("plan: nothing fits"))
+    assert any("searching" in line for line in lines[:start])  # the bar was drawn, before the message
+    assert not any("searching" in line or "finding the" in line for line in lines[start:]), lines[start:]
