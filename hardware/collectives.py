@@ -17,7 +17,14 @@ messages use), with the link speeds and the achieved fraction taken from the pro
   NCCL runs one channel per NIC, so a ring crosses nodes over every NIC of a node at once: the
   GPUs of a node together move ``GPUs per node x NIC bandwidth`` (each GPU has its own NIC in
   DGX/HGX designs), bounded by the intra-node links. Each side times its achieved share, from
-  nccl-tests bus bandwidths: ``collective_efficiency`` (NVLink) and ``network_efficiency`` (NICs).
+  nccl-tests bus bandwidths: ``collective_efficiency`` (NVLink) and ``network_efficiency`` (NICs);
+- by message size, published nccl-tests curves (the profile's ``collective_ramps``,
+  hardware/ramps.py) give the share of that bus bandwidth a message reaches, keyed on the bytes
+  each rank sends. Inside a node the one-node ring curve is the measurement (its latency-bound
+  floor included). Across nodes an all-reduce follows the curves measured across nodes
+  (interpolated in log(nodes)); an all-gather or a reduce-scatter, rings only, takes the one-node
+  curve plus the latency of the extra ring steps (NCCL's per-step latencies above), which is what
+  makes a ring's mid-size bus bandwidth fall as it grows.
 
 nccl-tests' bus bandwidth (``doc/PERFORMANCE.md``) is defined so that ``busbw = algbw x 2(n-1)/n``
 for an all-reduce and ``algbw x (n-1)/n`` for the others: what this module calls bus bandwidth.
@@ -29,17 +36,15 @@ import math
 from enum import StrEnum
 
 from hardware.profile import HardwareProfile
+from hardware.ramps import Collective, CollectiveRamp, bytes_sent_per_rank, ring_step_count
+
+__all__ = ["Algorithm", "Collective", "bus_bandwidth_bytes_per_s", "bus_bandwidth_measured", "collective_lower_bound_s",
+           "collective_time_s", "nodes_of", "ring_latency_s", "ring_steps", "ring_time_s", "tree_time_s"]
 
 # NCCL's tree bandwidth refinement (tuning.cc: ``busBw*.92`` for the tree algorithm) and its
 # bus-to-algorithm ratio for trees (``ratio *= .5``).
 _TREE_BUS_SHARE = 0.92
 _TREE_ALGO_RATIO = 0.5
-
-
-class Collective(StrEnum):
-    ALL_REDUCE = "all_reduce"
-    REDUCE_SCATTER = "reduce_scatter"
-    ALL_GATHER = "all_gather"
 
 
 class Algorithm(StrEnum):
@@ -64,51 +69,76 @@ def bus_bandwidth_bytes_per_s(hw: HardwareProfile, n_ranks: int, gpus_per_node: 
 def ring_steps(kind: Collective, n_ranks: int, nodes: int) -> tuple[int, int]:
     """(steps, of which cross nodes) of a ring collective (tuning.cc ``nsteps``, ``nInterSteps``)."""
     if kind is Collective.ALL_REDUCE:
-        return 2 * (n_ranks - 1), (2 * nodes if nodes > 1 else 0)
-    return n_ranks - 1, nodes - 1
+        return ring_step_count(kind, n_ranks), (2 * nodes if nodes > 1 else 0)
+    return ring_step_count(kind, n_ranks), nodes - 1
 
 
-def ramp_fraction(hw: HardwareProfile, n_bytes: float, nodes: int) -> float:
-    """The share of the large-message bus bandwidth NCCL reaches for ``n_bytes`` on ``nodes``
-    nodes, from the profile's published curves (``collective_ramps``): inside a node the one-node
-    curve; across nodes interpolated in log(nodes) between the measured scales (clamped). 1 when
-    the profile has none."""
-    if nodes == 1:
-        inside = [r for r in hw.collective_ramps if r.nodes == 1]
-        return inside[0].fraction(n_bytes) if inside else 1.0
-    across = sorted((r for r in hw.collective_ramps if r.nodes > 1), key=lambda r: r.nodes)
-    if not across:
-        return 1.0
-    if nodes <= across[0].nodes:
-        return across[0].fraction(n_bytes)
-    if nodes >= across[-1].nodes:
-        return across[-1].fraction(n_bytes)
-    for low, high in zip(across, across[1:], strict=False):
+def ring_latency_s(hw: HardwareProfile, kind: Collective, n_ranks: int, nodes: int) -> float:
+    """NCCL's ring latency: base + a hop per step, network hops for the steps that cross nodes."""
+    steps, inter = ring_steps(kind, n_ranks, nodes)
+    return (hw.collective_latency_s + (steps - inter) * hw.intra_node_hop_latency_s
+            + inter * hw.inter_node_hop_latency_s)
+
+
+def _interpolated(curves: list[CollectiveRamp], sent: float, nodes: int) -> float:
+    """The share at ``nodes`` between measured scales, linear in log(nodes), clamped at the ends."""
+    if nodes <= curves[0].nodes:
+        return curves[0].fraction(sent)
+    if nodes >= curves[-1].nodes:
+        return curves[-1].fraction(sent)
+    for low, high in zip(curves, curves[1:], strict=False):
         if nodes <= high.nodes:
             w = math.log(nodes / low.nodes) / math.log(high.nodes / low.nodes)
-            return low.fraction(n_bytes) + w * (high.fraction(n_bytes) - low.fraction(n_bytes))
+            return low.fraction(sent) + w * (high.fraction(sent) - low.fraction(sent))
     return 1.0
 
 
-def _transfer_s(n_bytes: float, latency_s: float, bandwidth_bytes_per_s: float, ramp: float) -> float:
-    """Latency plus the bytes at the link's rate; with a published ramp (which includes the
-    latency it measured) the slower of the latency and the bytes at the ramped rate."""
-    if ramp >= 1.0:
-        return latency_s + n_bytes / bandwidth_bytes_per_s
-    return max(latency_s, n_bytes / (bandwidth_bytes_per_s * ramp))
+def ramp_share(hw: HardwareProfile, kind: Collective, sent_bytes: float, n_ranks: int,
+               nodes: int) -> tuple[float, int] | None:
+    """(share of the large-message bus bandwidth a rank sending ``sent_bytes`` reaches, ranks of
+    the curve's run) from the profile's published curves, or None when it has none that apply.
+
+    Inside a node: the one-node curve (the same collective's when there is one: the x axis is the
+    bytes per rank, so a ring all-reduce curve serves an all-gather too). Across nodes: curves of
+    this collective measured across nodes, interpolated in log(nodes); an all-gather or a
+    reduce-scatter (rings only, NCCL has no tree for them) without such curves takes the one-node
+    ring curve, and the caller adds the latency of the ring steps its run did not have."""
+    kinds = (kind,) if kind is Collective.ALL_REDUCE else (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
+    if nodes > 1:
+        across = sorted((r for r in hw.collective_ramps if r.nodes > 1 and r.collective in kinds),
+                        key=lambda r: r.nodes)
+        if across:
+            return _interpolated(across, sent_bytes, nodes), 0
+        if kind is Collective.ALL_REDUCE:
+            return None
+    inside = sorted((r for r in hw.collective_ramps if r.nodes == 1), key=lambda r: r.collective not in kinds)
+    if not inside:
+        return None
+    return inside[0].fraction(sent_bytes), inside[0].ranks
 
 
 def ring_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> float:
-    """One ring collective over ``n_bytes`` (the full tensor, not a shard)."""
+    """One ring collective over ``n_bytes`` (the full tensor, not a shard): latency plus the bytes
+    at the bus bandwidth without a published curve. With one, the bytes at the curve's share of it:
+    inside a node that is the measurement, latency-bound floor included (NCCL's small messages run
+    the LL protocols, faster than the Simple latency); across nodes plus the latency of the ring
+    steps the curve's run did not have, and never under the ring's latency."""
     if n_ranks <= 1 or n_bytes <= 0:
         return 0.0
     nodes = nodes_of(n_ranks, gpus_per_node)
-    steps, inter = ring_steps(kind, n_ranks, nodes)
-    latency = (hw.collective_latency_s + (steps - inter) * hw.intra_node_hop_latency_s
-               + inter * hw.inter_node_hop_latency_s)
-    moved = n_bytes * steps / n_ranks
-    return _transfer_s(moved, latency, bus_bandwidth_bytes_per_s(hw, n_ranks, gpus_per_node),
-                       ramp_fraction(hw, n_bytes, nodes))
+    latency = ring_latency_s(hw, kind, n_ranks, nodes)
+    sent = bytes_sent_per_rank(n_bytes, kind, n_ranks)
+    bus = bus_bandwidth_bytes_per_s(hw, n_ranks, gpus_per_node)
+    ramp = ramp_share(hw, kind, sent, n_ranks, nodes)
+    if ramp is None:
+        return latency + sent / bus
+    share, measured_ranks = ramp
+    if nodes == 1:
+        return sent / (bus * share)  # the curve measured on a node, its latency-bound floor included
+    extra = 0.0
+    if measured_ranks and n_ranks > measured_ranks:
+        extra = latency - ring_latency_s(hw, kind, measured_ranks, 1)
+    return max(latency, sent / (bus * share) + extra)
 
 
 def tree_time_s(n_bytes: float, hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> float:
@@ -119,7 +149,11 @@ def tree_time_s(n_bytes: float, hw: HardwareProfile, n_ranks: int, gpus_per_node
     per_node = min(gpus_per_node, n_ranks)
     latency = 2 * ((per_node - 1) * hw.intra_node_hop_latency_s + math.log2(nodes) * hw.inter_node_hop_latency_s)
     bandwidth = _TREE_ALGO_RATIO * _TREE_BUS_SHARE * bus_bandwidth_bytes_per_s(hw, n_ranks, gpus_per_node)
-    return _transfer_s(n_bytes, latency, bandwidth, ramp_fraction(hw, n_bytes, nodes))
+    ramp = ramp_share(hw, Collective.ALL_REDUCE, bytes_sent_per_rank(n_bytes, Collective.ALL_REDUCE, n_ranks), n_ranks,
+                      nodes)
+    if ramp is None:
+        return latency + n_bytes / bandwidth
+    return max(latency, n_bytes / (bandwidth * ramp[0]))
 
 
 def collective_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: int,

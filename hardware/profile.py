@@ -8,7 +8,6 @@ reserve (CUDA context, library workspaces) and the allocator's fragmentation all
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from hardware.dtypes import ComputePrecision
 from hardware.errors import ConfigError
 from hardware.kernels import AttentionCurve, AttentionKernel, MemoryClass
+from hardware.ramps import CollectiveRamp
 from hardware.units import parse_bytes
 
 
@@ -33,41 +33,8 @@ class Source(BaseModel):
     url: str = Field(min_length=8)
 
 
-PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
-
-
-class CollectiveRamp(BaseModel):
-    """A published nccl-tests bus-bandwidth curve by message size, at one scale: the share of the
-    large-message bus bandwidth NCCL reaches at each size (its protocols, channels and pipelining
-    ramp up with the message; latency alone does not explain the mid sizes)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    nodes: int = Field(gt=0, description="1: inside one node; else the number of nodes measured")
-    sizes_bytes: tuple[PositiveFloat, ...]
-    busbw_gb_s: tuple[PositiveFloat, ...]
-    source: str = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _increasing(self) -> CollectiveRamp:
-        if len(self.sizes_bytes) != len(self.busbw_gb_s) or len(self.sizes_bytes) < 2 or any(
-                b <= a for a, b in zip(self.sizes_bytes, self.sizes_bytes[1:], strict=False)):
-            raise ValueError(f"collective ramp ({self.nodes} nodes): sizes_bytes must increase and match busbw_gb_s")
-        return self
-
-    def fraction(self, n_bytes: float) -> float:
-        """busbw at ``n_bytes`` over busbw at the largest size, interpolated in log size (clamped)."""
-        sizes, top = self.sizes_bytes, self.busbw_gb_s[-1]
-        if n_bytes >= sizes[-1]:
-            return 1.0
-        if n_bytes <= sizes[0]:
-            return self.busbw_gb_s[0] / top
-        for (s0, b0), (s1, b1) in zip(zip(sizes, self.busbw_gb_s, strict=True),
-                                      zip(sizes[1:], self.busbw_gb_s[1:], strict=True), strict=True):
-            if n_bytes <= s1:
-                w = math.log(n_bytes / s0) / math.log(s1 / s0)
-                return min(1.0, (b0 + w * (b1 - b0)) / top)
-        return 1.0
+PositiveFloat = Annotated[float, Field(gt=0)]
 
 
 class HardwareProfile(BaseModel):
