@@ -115,6 +115,22 @@ def test_profile_cites_http_sources(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_profile_states_its_time_validation(name: str) -> None:
+    """Every bundled profile says how its step times compare with measured runs: the measured
+    error on published runs where step_efficiency was fitted to them, or that no published run
+    was checked and what that means (the report's "checked against" row prints it)."""
+    profile = load_hardware(name)
+    text = profile.time_validation
+    assert len(text) > 40, text
+    if profile.step_efficiency < 1.0 and name != "h200":  # fitted here (H200 borrows the H100's value)
+        assert "published runs" in text and "%" in text, text
+    elif profile.kind is DeviceKind.GPU and name != "h200":
+        assert text.startswith("no published run checked") and "optimistic" in text, text
+    else:
+        assert "no published" in text, text
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_every_precision_has_an_efficiency_in_unit_interval(name: str) -> None:
     profile = load_hardware(name)
     for precision in profile.peak_flops_per_s:
