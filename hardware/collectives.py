@@ -70,6 +70,8 @@ def ring_steps(kind: Collective, n_ranks: int, nodes: int) -> tuple[int, int]:
     """(steps, of which cross nodes) of a ring collective (tuning.cc ``nsteps``, ``nInterSteps``)."""
     if kind is Collective.ALL_REDUCE:
         return ring_step_count(kind, n_ranks), (2 * nodes if nodes > 1 else 0)
+    if kind is Collective.PERMUTE:
+        return 1, (1 if nodes > 1 else 0)
     return ring_step_count(kind, n_ranks), nodes - 1
 
 
@@ -102,8 +104,11 @@ def ramp_share(hw: HardwareProfile, kind: Collective, sent_bytes: float, n_ranks
     bytes per rank, so a ring all-reduce curve serves an all-gather too). Across nodes: curves of
     this collective measured across nodes, interpolated in log(nodes); an all-gather or a
     reduce-scatter (rings only, NCCL has no tree for them) without such curves takes the one-node
-    ring curve, and the caller adds the latency of the ring steps its run did not have."""
+    ring curve, and the caller adds the latency of the ring steps its run did not have. A permute
+    (one ring step) takes the one-node ring curve inside a node and none across nodes."""
     kinds = (kind,) if kind is Collective.ALL_REDUCE else (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
+    if kind is Collective.PERMUTE and nodes > 1:
+        return None  # no published send/recv curve across nodes: latency + the bytes at one NIC
     if nodes > 1:
         across = sorted((r for r in hw.collective_ramps if r.nodes > 1 and r.collective in kinds),
                         key=lambda r: r.nodes)
@@ -129,6 +134,8 @@ def ring_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: 
     latency = ring_latency_s(hw, kind, n_ranks, nodes)
     sent = bytes_sent_per_rank(n_bytes, kind, n_ranks)
     bus = bus_bandwidth_bytes_per_s(hw, n_ranks, gpus_per_node)
+    if kind is Collective.PERMUTE and nodes > 1:  # the rank at a node's edge sends over its own NIC
+        bus = min(bus, hw.inter_node_bandwidth_bytes_per_s * hw.network_efficiency)
     ramp = ramp_share(hw, kind, sent, n_ranks, nodes)
     if ramp is None:
         return latency + sent / bus

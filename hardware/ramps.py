@@ -23,10 +23,16 @@ class Collective(StrEnum):
     ALL_REDUCE = "all_reduce"
     REDUCE_SCATTER = "reduce_scatter"
     ALL_GATHER = "all_gather"
+    # every rank sends its buffer to the next rank of the group (torch's ``permute_tensor``, an
+    # all_to_all_single with one peer, NCCL send/recv): one step of a ring. Its size is the group's
+    # buffers together, as an all-gather's is its output
+    PERMUTE = "permute"
 
 
 def ring_step_count(kind: Collective, n_ranks: int) -> int:
-    """Steps of a ring over ``n_ranks`` (NCCL tuning.cc ``nsteps``)."""
+    """Steps of a ring over ``n_ranks`` (NCCL tuning.cc ``nsteps``; a permute is one step)."""
+    if kind is Collective.PERMUTE:
+        return 1
     return 2 * (n_ranks - 1) if kind is Collective.ALL_REDUCE else n_ranks - 1
 
 
