@@ -25,6 +25,27 @@ class DeviceKind(StrEnum):
     CPU = "cpu"
 
 
+class Figure(StrEnum):
+    """The profile figures a plan's time is built from, whose sources the report names
+    (``figure_sources``; attention curves and collective ramps carry their own)."""
+
+    COMPUTE_EFFICIENCY = "compute_efficiency"
+    GEMM_HALF_DIM = "gemm_half_dim"
+    MEMORY_EFFICIENCY = "memory_efficiency"
+    MEMORY_NORM = "memory_norm"
+    MEMORY_SOFTMAX = "memory_softmax"
+    MEMORY_ELEMENTWISE = "memory_elementwise"
+    KERNEL_LAUNCH = "kernel_launch"
+    COLLECTIVE_EFFICIENCY = "collective_efficiency"
+    NETWORK_EFFICIENCY = "network_efficiency"
+    OVERLAP_COMPUTE_SLOWDOWN = "overlap_compute_slowdown"
+    STEP_EFFICIENCY = "step_efficiency"
+
+
+MEMORY_CLASS_FIGURE = {MemoryClass.STREAM: Figure.MEMORY_EFFICIENCY, MemoryClass.NORM: Figure.MEMORY_NORM,
+                       MemoryClass.SOFTMAX: Figure.MEMORY_SOFTMAX, MemoryClass.ELEMENTWISE: Figure.MEMORY_ELEMENTWISE}
+
+
 class Source(BaseModel):
     """Where a figure comes from: which fields it supports and a link."""
 
@@ -111,6 +132,11 @@ class HardwareProfile(BaseModel):
     runtime_reserve_bytes: int = Field(ge=0, description="CUDA context, cuBLAS/NCCL workspaces: memory a job cannot use")
     fragmentation_factor: float = Field(ge=1.0, le=2.0, description="reserved / allocated allowance of the caching allocator")
     alloc_granularity_bytes: int = Field(default=512, gt=0, description="allocator rounding of each tensor")
+    figure_sources: dict[Figure, str] = Field(
+        default_factory=dict,
+        description="where each figure the time model uses was measured (benchmark, repository@commit or URL), "
+                    "or that it was not: the report's \"where the time figures come from\" table prints these",
+    )
     time_validation: str = Field(
         default="", description="how this profile's step times compare with measured runs (docs/validation.md)"
     )
