@@ -71,3 +71,13 @@ def test_a_calibrated_profile_names_its_measurement_for_what_calibration_replace
     assert "measured by `hardware calibrate`" in rows["GEMMs"] and "MAMF" not in rows["GEMMs"]
     assert "measured by `hardware calibrate`" in rows["memory-bound ops"]
     assert "arXiv 2507.03114" in rows["overlap"]  # not a figure calibration measures
+
+
+def test_attention_names_the_curve_of_each_direction() -> None:
+    """H100: FlashAttention-2's forward has its own published figure (FA3 paper Fig. 5), the
+    causal backward only the README's forward+backward one; A100: one forward+backward curve."""
+    rows = _rows("h100-sxm", 1)
+    assert "arXiv 2407.08608" in rows["attention forward"] and "(fwd;" in rows["attention forward"]
+    assert "flash2_h100_fwd_bwd_benchmark.png" in rows["attention backward"]
+    a100 = _rows("a100-sxm-80gb", 1)
+    assert "attention forward" not in a100 and "flash2_a100_fwd_bwd_benchmark.png" in a100["attention"]
