@@ -14,8 +14,8 @@ they test the whole time model (kernel efficiencies from published kernel benchm
 a100-sxm-80gb profile's step_efficiency fitted on llm-foundry's runs, not on these; FSDP2
 communication as NCCL runs it over 8 nodes, and its overlap) on real runs, not any one number. The
 source does not state the network; the profile assumes a DGX A100 (one 200 Gb/s HDR NIC per GPU, as
-in Meta's Research SuperCluster). Observed on this commit: every run within 3% (-2.8% to -1.0%); the
-tolerance is 10%. A run that ran must also be predicted to fit in 80 GB.
+in Meta's Research SuperCluster). Observed on this commit: every run optimistic by 6-9% (+6.1% to +8.6%;
+docs/validation.md); the tolerance is 10%. A run that ran must also be predicted to fit in 80 GB.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_torchtitan_a100_runs(preset: str, micro_batch: int, seq_len: int, check
 def test_torchtitan_selective_op_run_lies_between_no_and_full_checkpointing() -> None:
     """Llama 3 8B with selective op AC measured 2,973 tokens/s/GPU: it recomputes less than full
     checkpointing and more than none, so it lies between the two predictions (5% slack: observed
-    2,889 and 3,080)."""
+    2,785 and 3,447)."""
     fastest, _ = _tokens_per_s_per_gpu("llama3-8b", 1, 8192, "none")
     slowest, fits = _tokens_per_s_per_gpu("llama3-8b", 1, 8192, "full")
     assert fits
