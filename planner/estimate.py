@@ -28,6 +28,7 @@ from planner.optimizer import optimizer_spec
 from planner.precision import PrecisionSpec, precision_spec
 from planner.schedule import Schedule
 from planner.strategies import Fsdp2, strategy_for
+from planner.strategies.context import check_context_parallel, local_seq_len, shard_context_parallel
 from planner.strategies.tensor import check_tensor_parallel, rank_description
 from planner.timing import (
     OpGroup,
@@ -100,7 +101,8 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
             f"training.global_batch_size is {training.global_batch_size}; choose a micro-batch that divides it"
         )
     strategy_for(knobs.parallel).check(knobs)
-    check_tensor_parallel(model, training.seq_len, knobs.parallel)
+    check_tensor_parallel(model, local_seq_len(training.seq_len, knobs.parallel), knobs.parallel)
+    check_context_parallel(model, training.seq_len, knobs.parallel)
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
     if outside:
         raise ConfigError(
@@ -128,18 +130,21 @@ _TIMES: IdentityCache[OpTimes] = IdentityCache()
 
 @lru_cache(maxsize=64)
 def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSpec, tp: int = 1, sp: bool = False,
-                 tp_ranks_per_node: int = 1) -> LayerGraph:
-    """One rank's graph: the model's description as tensor parallelism shards it
-    (``planner.strategies.tensor``), each op priced by its formula."""
-    return build_graph(model, batch, seq_len, spec, rank_description(model, tp, sp, tp_ranks_per_node))
+                 tp_ranks_per_node: int = 1, cp: int = 1, cp_ranks_per_node: int = 1) -> LayerGraph:
+    """One rank's graph: the model's description as tensor and context parallelism shard it
+    (``planner.strategies.tensor``, ``planner.strategies.context``; ``seq_len`` is the rank's
+    share of each sequence), each op priced by its formula."""
+    desc = shard_context_parallel(rank_description(model, tp, sp, tp_ranks_per_node), cp, cp_ranks_per_node)
+    return build_graph(model, batch, seq_len, spec, desc)
 
 
 def rank_graph(model: ModelConfig, training: TrainConfig, knobs: Knobs, spec: PrecisionSpec,
                gpus_per_node: int = 8) -> LayerGraph:
-    """The graph of one rank of ``knobs``' layout (its micro-batch, its shard of the model)."""
+    """The graph of one rank of ``knobs``' layout (its micro-batch, its tokens of each sequence,
+    its shard of the model)."""
     dims = knobs.parallel
-    return cached_graph(model, knobs.micro_batch_size, training.seq_len, spec, dims.tp, dims.sp,
-                        dims.ranks_per_node("tp", gpus_per_node))
+    return cached_graph(model, knobs.micro_batch_size, local_seq_len(training.seq_len, dims), spec, dims.tp, dims.sp,
+                        dims.ranks_per_node("tp", gpus_per_node), dims.cp, dims.ranks_per_node("cp", gpus_per_node))
 
 
 def op_rooflines(graph: LayerGraph, hw: HardwareProfile) -> tuple[OpRoofline, ...]:
@@ -214,6 +219,7 @@ def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, kn
         opt.step_temporaries_per_param,
         opt.device_step_scalar,
         data_sequences=knobs.micro_batch_size * knobs.grad_accum_steps,
+        data_seq_len=training.seq_len,  # sharded in place under context parallelism: the storage keeps T
     )
     return strategy_for(knobs.parallel).static(graph, hw, knobs, opt, static)
 
@@ -233,7 +239,8 @@ def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
     model_state = strategy_for(dims).model_state_lower_bound(tensors, spec, knobs, hw, opt.state_tensors_per_param)
     data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
     vocab = math.ceil(model.vocab_size / dims.tp)  # loss_parallel: this rank's share of the vocabulary
-    logits = 2 * hw.round_alloc(knobs.micro_batch_size * training.seq_len * vocab * 4)
+    tokens = knobs.micro_batch_size * local_seq_len(training.seq_len, dims)
+    logits = 2 * hw.round_alloc(tokens * vocab * 4)
     return model_state + data + logits
 
 

@@ -75,12 +75,13 @@ def static_memory(
     step_temporaries_per_param: int,
     device_step_scalar: bool,
     data_sequences: int,
+    data_seq_len: int | None = None,
 ) -> StaticMemory:
     """Parameters, optimizer state, the data batch and the optimizer's step temporaries.
 
     Each parameter tensor is its own allocation (rounded); optimizer state mirrors every
     parameter tensor in the parameter dtype; the batch is int64 ids and targets for the
-    sequences this device holds per step.
+    sequences this device holds per step, ``data_seq_len`` tokens each (default the graph's).
     """
     precision = graph.precision
     tensors = graph.param_tensors.values()
@@ -88,7 +89,7 @@ def static_memory(
     state_one = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors)
     scalars = round_bytes(4) * len(graph.param_tensors) if device_step_scalar and state_tensors_per_param else 0
     grads = sum(round_bytes(n * precision.grad_dtype.n_bytes) for n in graph.grad_tensors.values())
-    data = 2 * round_bytes(data_sequences * graph.seq_len * 8)
+    data = 2 * round_bytes(data_sequences * (data_seq_len or graph.seq_len) * 8)
     return StaticMemory(
         params_bytes=params,
         optimizer_bytes=state_tensors_per_param * state_one + scalars,

@@ -14,10 +14,15 @@ of the degrees is the world size. ``sharding`` says what the shard dimension spl
 
 ``tp`` is tensor parallelism (``sp``: with sequence parallelism), the innermost dimension of the
 mesh: its ranks share a node first, then context parallelism's, then data parallelism's
-(torchtitan's mesh order ``[pp, dp_replicate, dp_shard, cp, tp]``).
+(torchtitan's mesh order ``[pp, dp_replicate, dp_shard, cp, tp]``). ``cp`` is context
+parallelism: each rank of a group holds a share of every sequence and attention runs as a
+ring; as in torchtitan, FSDP2 shards the model over the data-parallel and context-parallel
+ranks together (its flattened ``dp_shard_cp`` mesh), so ``sharding`` may be set with
+``dp_shard`` 1 when ``cp`` > 1.
 
 Modelled today: one data-parallel dimension (replicate or shard, not both: HSDP is not
-modelled), tensor parallelism; pp = ep = 1. Other layouts are refused by name, never priced wrongly.
+modelled), tensor and context parallelism; pp = ep = 1. Other layouts are refused by name,
+never priced wrongly.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ class Sharding(StrEnum):
 
 ZERO_STAGE_OF = {None: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}
 SHARDING_OF_STAGE = {stage: sharding for sharding, stage in ZERO_STAGE_OF.items()}
-NOT_MODELLED = ("cp", "pp", "ep")
+NOT_MODELLED = ("pp", "ep")
 
 
 class ParallelDims(BaseModel):
@@ -51,7 +56,7 @@ class ParallelDims(BaseModel):
     sharding: Sharding | None = Field(default=None, description="what dp_shard splits; None when dp_shard is 1")
     tp: PositiveInt = Field(default=1, description="tensor parallel degree (ColwiseParallel / RowwiseParallel)")
     sp: bool = Field(default=False, description="sequence parallelism inside the tensor-parallel group")
-    cp: PositiveInt = Field(default=1, description="context parallel degree (not modelled yet)")
+    cp: PositiveInt = Field(default=1, description="context parallel degree (torch's context_parallel: ring attention)")
     pp: PositiveInt = Field(default=1, description="pipeline parallel degree (not modelled yet)")
     ep: PositiveInt = Field(default=1, description="expert parallel degree (not modelled yet)")
 
@@ -64,8 +69,12 @@ class ParallelDims(BaseModel):
 
     @model_validator(mode="after")
     def _modelled(self) -> ParallelDims:
-        if self.dp_shard == 1 and self.sharding is not None:
-            raise ValueError(f"parallel.sharding: {self.sharding.value} needs dp_shard > 1")
+        if self.dp_shard * self.cp == 1 and self.sharding is not None:
+            raise ValueError(f"parallel.sharding: {self.sharding.value} needs dp_shard > 1 (or cp > 1)")
+        if self.cp > 1 and self.sharding not in (Sharding.GRADIENTS, Sharding.FULL):
+            raise ValueError("parallel.cp: context parallelism runs with FSDP2 over the data- and context-parallel "
+                             "ranks together (torchtitan's dp_shard_cp); DDP and ZeRO-1 with it are not modelled: use "
+                             "sharding gradients or full (ZeRO-2/3)")
         if self.dp_replicate > 1 and self.dp_shard > 1:
             raise ValueError(f"parallel: dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} (HSDP) is not "
                              "modelled; use one data-parallel dimension")
@@ -77,19 +86,21 @@ class ParallelDims(BaseModel):
         return self
 
     @classmethod
-    def data_parallel_of(cls, world_size: int, zero_stage: int, tp: int = 1, sp: bool = False) -> ParallelDims:
-        """``world_size`` GPUs: groups of ``tp`` tensor-parallel ranks, data parallel over the
-        groups at a ZeRO stage (0: DDP; 1: ZeRO-1; 2/3: FSDP2)."""
+    def data_parallel_of(cls, world_size: int, zero_stage: int, tp: int = 1, sp: bool = False,
+                         cp: int = 1) -> ParallelDims:
+        """``world_size`` GPUs: groups of ``tp`` tensor-parallel ranks, ``cp`` such groups to a
+        context-parallel group, data parallel over those at a ZeRO stage (0: DDP; 1: ZeRO-1;
+        2/3: FSDP2, over the data- and context-parallel ranks)."""
         if zero_stage not in SHARDING_OF_STAGE:
             raise ValueError(f"zero_stage: {zero_stage} is not a ZeRO stage; use 0, 1, 2 or 3")
-        if tp < 1 or world_size % tp:
-            raise ValueError(f"tp: {tp} must divide the {world_size} GPUs")
-        data = world_size // tp
-        if data == 1 or zero_stage == 0:
+        if tp < 1 or cp < 1 or world_size % (tp * cp):
+            raise ValueError(f"tp x cp: {tp} x {cp} must divide the {world_size} GPUs")
+        data = world_size // (tp * cp)
+        if data * cp == 1 or zero_stage == 0:
             if zero_stage:
                 raise ValueError("zero_stage: sharding needs several data-parallel ranks; use zero_stage 0")
-            return cls(dp_replicate=data, tp=tp, sp=sp)
-        return cls(dp_shard=data, sharding=SHARDING_OF_STAGE[zero_stage], tp=tp, sp=sp)
+            return cls(dp_replicate=data, tp=tp, sp=sp, cp=cp)
+        return cls(dp_shard=data, sharding=SHARDING_OF_STAGE[zero_stage], tp=tp, sp=sp, cp=cp)
 
     @property
     def world_size(self) -> int:
@@ -101,11 +112,18 @@ class ParallelDims(BaseModel):
         return self.dp_replicate * self.dp_shard
 
     def ranks_per_node(self, dimension: str, gpus_per_node: int) -> int:
-        """How many ranks of one group of ``dimension`` ("tp", "cp" or "dp") share a node, the
-        mesh laid out tp innermost, then cp, then data parallelism."""
-        inner = {"tp": 1, "cp": self.tp, "dp": self.tp * self.cp}[dimension]
-        size = {"tp": self.tp, "cp": self.cp, "dp": self.data_parallel}[dimension]
+        """How many ranks of one group of ``dimension`` ("tp", "cp", "dp", or "fsdp": the data-
+        and context-parallel ranks FSDP2 shards over) share a node, the mesh laid out tp
+        innermost, then cp, then data parallelism."""
+        inner = {"tp": 1, "cp": self.tp, "dp": self.tp * self.cp, "fsdp": self.tp}[dimension]
+        size = {"tp": self.tp, "cp": self.cp, "dp": self.data_parallel, "fsdp": self.fsdp_ranks}[dimension]
         return max(1, min(size, gpus_per_node // inner))
+
+    @property
+    def fsdp_ranks(self) -> int:
+        """The ranks FSDP2 (or ZeRO-1) shards the model state over: the data-parallel ranks, and
+        the context-parallel ranks with them (torchtitan's ``dp_shard_cp``)."""
+        return self.data_parallel * self.cp
 
     @property
     def shards_parameters(self) -> bool:
@@ -123,10 +141,15 @@ _DATA_PARALLEL_LABEL = {None: "ZeRO-0 (DDP)", Sharding.OPTIMIZER: "ZeRO-1 (DDP +
 
 
 def layout_label(dims: ParallelDims) -> str:
-    """``ZeRO-3 (FSDP2) × 8, TP 8 + SP``: each dimension in use and its degree, data parallelism first."""
+    """``ZeRO-3 (FSDP2) × 8, CP 2, TP 8 + SP``: each dimension in use and its degree, data
+    parallelism first."""
     parts = []
     if dims.data_parallel > 1:
         parts.append(f"{_DATA_PARALLEL_LABEL[dims.sharding]} × {dims.data_parallel}")
+    elif dims.cp > 1:
+        parts.append(f"{_DATA_PARALLEL_LABEL[dims.sharding]} over the CP ranks")
+    if dims.cp > 1:
+        parts.append(f"CP {dims.cp}")
     if dims.tp > 1:
         parts.append(f"TP {dims.tp}" + (" + SP" if dims.sp else ""))
     return ", ".join(parts) or "one GPU"

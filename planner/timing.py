@@ -19,7 +19,7 @@ from hardware.profile import DeviceKind, HardwareProfile
 from hardware.roofline import Bound, OpTime, op_time
 from planner.graph import GraphNode, LayerGraph
 from planner.memory_types import Phase
-from planner.ops.base import CollectiveCall, LayerCost, OpKind
+from planner.ops.base import CollectiveCall, LayerCost, MeshDim, OpKind
 from planner.optimizer import OptimizerSpec
 from planner.schedule import Schedule
 
@@ -108,8 +108,22 @@ class TimeBreakdown(BaseModel):
     optimizer_s: float
     communication_s: float = 0.0  # data parallelism: what its collectives add beyond the compute they overlap
     tensor_parallel_s: float = 0.0  # tensor parallelism's collectives, on the critical path (inside forward/backward)
+    context_parallel_s: float = 0.0  # what the ring attention's collectives add beyond the blocks they overlap
     step_time_s: float
     lower_bound_s: float
+
+
+class _Timed(BaseModel):
+    """One op's forward and backward times (collectives included) and what context
+    parallelism's collectives add to each."""
+
+    model_config = ConfigDict(frozen=True)
+    fwd: OpTime
+    bwd: OpTime
+    bwd_flops: float
+    bwd_bytes: float
+    fwd_cp_s: float = 0.0
+    bwd_cp_s: float = 0.0
 
 
 def op_roofline(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile) -> OpRoofline:
@@ -120,7 +134,7 @@ def op_roofline(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile)
 def op_rooflines_of(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: HardwareProfile) -> tuple[OpRoofline, ...]:
     """Rooflines of many ops; identical blocks share their cost objects, so each distinct cost
     is timed once."""
-    timed: dict[int, tuple[OpTime, OpTime, float, float]] = {}
+    timed: dict[int, _Timed] = {}
     out = []
     for op in ops:
         key = id(op.cost)
@@ -141,11 +155,19 @@ def kernel_rate(cost: LayerCost, precision: ComputePrecision, hw: HardwareProfil
     if cost.attention is not None:
         shape = cost.attention
         kernel = (shape.kernel or hw.attention_kernel) if shape.fused else AttentionKernel.MATH
-        if precision in _CURVE_PRECISIONS:
-            curve = pick_curve(hw.attention_curves, kernel, shape.causal, shape.head_dim, direction)
-            if curve is not None:
-                return curve.flops_per_s(shape.seq_len)
-        return None
+        if precision not in _CURVE_PRECISIONS:
+            return None
+        curve = pick_curve(hw.attention_curves, kernel, shape.causal, shape.head_dim, direction)
+        if curve is None:
+            return None
+        if cost.ring_ranks == 1:
+            return curve.flops_per_s(shape.seq_len)
+        # a ring: the causal diagonal block is 1/cp of the executed FLOPs, the rest non-causal
+        # blocks (a half of the queries against the whole shard), at the curves' rates for the
+        # shard's length
+        full = pick_curve(hw.attention_curves, kernel, False, shape.head_dim, direction) or curve
+        share = 1 / cost.ring_ranks
+        return 1 / (share / curve.flops_per_s(shape.seq_len) + (1 - share) / full.flops_per_s(shape.seq_len))
     if cost.gemm is not None:
         return hw.achievable_flops_per_s(precision) * gemm_shape_factor(cost.gemm, hw.gemm_half_dim)
     return None
@@ -165,7 +187,7 @@ MEMORY_CLASS: dict[OpKind, MemoryClass] = {
 }
 
 
-def _cost_times(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile) -> tuple[OpTime, OpTime, float, float]:
+def _cost_times(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile) -> _Timed:
     cost = op.cost
     compute = precision if cost.matmul else ComputePrecision.FP32
     memory = MEMORY_CLASS.get(op.spec.kind, MemoryClass.STREAM)
@@ -175,20 +197,30 @@ def _cost_times(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile)
     bwd_bytes = cost.bwd_bytes_moved if cost.has_backward else 0.0
     bwd = op_time(bwd_flops, bwd_bytes, compute, hw, cost.bwd_kernels if cost.has_backward else 0,
                   kernel_rate(cost, compute, hw, Direction.BWD) if bwd_flops else None, memory)
-    bwd_call = cost.bwd_collective if cost.has_backward else None
-    return (_with_collective(_in_a_step(fwd, hw), cost.fwd_collective, hw),
-            _with_collective(_in_a_step(bwd, hw), bwd_call, hw), bwd_flops, bwd_bytes)
+    fwd, fwd_cp = _with_collectives(_in_a_step(fwd, hw), cost.fwd_collectives, hw)
+    bwd, bwd_cp = _with_collectives(_in_a_step(bwd, hw), cost.bwd_collectives if cost.has_backward else (), hw)
+    return _Timed(fwd=fwd, bwd=bwd, bwd_flops=bwd_flops, bwd_bytes=bwd_bytes, fwd_cp_s=fwd_cp, bwd_cp_s=bwd_cp)
 
 
-def _with_collective(timed: OpTime, call: CollectiveCall | None, hw: HardwareProfile) -> OpTime:
-    """Add the collective an op waits for (NCCL's model of it; its ring bytes term at full link
-    speed to the lower bound). Not scaled by ``step_efficiency``: that is the kernels' share."""
-    if call is None:
-        return timed
-    comm_s, _ = collective_time_s(call.n_bytes, call.kind, hw, call.group_size, call.ranks_per_node)
-    ideal_s = collective_lower_bound_s(call.n_bytes, call.kind, hw, call.group_size, call.ranks_per_node)
-    return timed.model_copy(update={"time_s": timed.time_s + comm_s, "lower_bound_s": timed.lower_bound_s + ideal_s,
-                                    "communication_time_s": comm_s})
+def _with_collectives(timed: OpTime, calls: tuple[CollectiveCall, ...], hw: HardwareProfile) -> tuple[OpTime, float]:
+    """Add what the collectives an op runs put on its critical path (NCCL's model of each, less
+    the share of the op's kernel time it runs beside, ``overlap``; the ring bytes term at full
+    link speed to the lower bound), and return the context-parallel part of it. Not scaled by
+    ``step_efficiency``: that is the kernels' share."""
+    if not calls:
+        return timed, 0.0
+    exposed = ideal = cp = 0.0
+    for call in calls:
+        comm_s, _ = collective_time_s(call.n_bytes, call.kind, hw, call.group_size, call.ranks_per_node)
+        waited = call.calls * max(0.0, comm_s - call.overlap * timed.time_s)
+        exposed += waited
+        ideal += call.calls * max(0.0, collective_lower_bound_s(call.n_bytes, call.kind, hw, call.group_size,
+                                                                call.ranks_per_node)
+                                  - call.overlap * timed.lower_bound_s)
+        if call.dimension is MeshDim.CP:
+            cp += waited
+    return timed.model_copy(update={"time_s": timed.time_s + exposed, "lower_bound_s": timed.lower_bound_s + ideal,
+                                    "communication_time_s": exposed}), cp
 
 
 def _in_a_step(timed: OpTime, hw: HardwareProfile) -> OpTime:
@@ -199,8 +231,8 @@ def _in_a_step(timed: OpTime, hw: HardwareProfile) -> OpTime:
     return timed.model_copy(update={"time_s": timed.time_s / hw.step_efficiency})
 
 
-def _roofline(op: GraphNode, times: tuple[OpTime, OpTime, float, float]) -> OpRoofline:
-    fwd, bwd, bwd_flops, bwd_bytes = times
+def _roofline(op: GraphNode, times: _Timed) -> OpRoofline:
+    fwd, bwd, bwd_flops, bwd_bytes = times.fwd, times.bwd, times.bwd_flops, times.bwd_bytes
     cost = op.cost
     total_flops = cost.fwd_exec + bwd_flops
     total_bytes = cost.fwd_bytes_moved + bwd_bytes
@@ -254,28 +286,34 @@ class OpTimes(BaseModel):
     bwd_s: tuple[float, ...]
     lower_bound_s: tuple[float, ...]  # forward and backward
     fwd_lower_bound_s: tuple[float, ...]
-    fwd_comm_s: tuple[float, ...] = ()  # of fwd_s: a collective the op waits for
+    fwd_comm_s: tuple[float, ...] = ()  # of fwd_s: the collectives the op waits for
     bwd_comm_s: tuple[float, ...] = ()
+    fwd_cp_s: tuple[float, ...] = ()  # of those: context parallelism's
+    bwd_cp_s: tuple[float, ...] = ()
 
 
 def op_times(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: HardwareProfile) -> OpTimes:
     """Forward, backward and lower-bound time of every op (each distinct cost timed once)."""
-    timed: dict[int, tuple[OpTime, OpTime, float, float]] = {}
-    fwd, bwd, lower, fwd_lower, fwd_comm, bwd_comm = [], [], [], [], [], []
+    timed: dict[int, _Timed] = {}
+    fwd, bwd, lower, fwd_lower, fwd_comm, bwd_comm, fwd_cp, bwd_cp = [], [], [], [], [], [], [], []
     for op in ops:
         key = id(op.cost)
         if key not in timed:
             timed[key] = _cost_times(op, precision, hw)
-        f, b, _, _ = timed[key]
+        t = timed[key]
+        f, b = t.fwd, t.bwd
         fwd.append(f.time_s)
         bwd.append(b.time_s)
         lower.append(f.lower_bound_s + b.lower_bound_s)
         fwd_lower.append(f.lower_bound_s)
         fwd_comm.append(f.communication_time_s)
         bwd_comm.append(b.communication_time_s)
+        fwd_cp.append(t.fwd_cp_s)
+        bwd_cp.append(t.bwd_cp_s)
     return OpTimes.model_construct(names=tuple(op.spec.name for op in ops), fwd_s=tuple(fwd), bwd_s=tuple(bwd),
                                    lower_bound_s=tuple(lower), fwd_lower_bound_s=tuple(fwd_lower),
-                                   fwd_comm_s=tuple(fwd_comm), bwd_comm_s=tuple(bwd_comm))
+                                   fwd_comm_s=tuple(fwd_comm), bwd_comm_s=tuple(bwd_comm), fwd_cp_s=tuple(fwd_cp),
+                                   bwd_cp_s=tuple(bwd_cp))
 
 
 def step_time(
@@ -295,12 +333,16 @@ def step_time(
     n_fwd, n_bwd = schedule.count(Phase.FORWARD), schedule.count(Phase.BACKWARD)
     comm_fwd, comm_bwd = sum(times.fwd_comm_s), sum(times.bwd_comm_s)
     comm_re = sum(t for name, t in zip(times.names, times.fwd_comm_s, strict=True) if name in recomputed)
+    cp_fwd, cp_bwd = sum(times.fwd_cp_s), sum(times.bwd_cp_s)
+    cp_re = sum(t for name, t in zip(times.names, times.fwd_cp_s, strict=True) if name in recomputed)
+    context = n_fwd * cp_fwd + n_bwd * (cp_bwd + cp_re)
     return TimeBreakdown(
         forward_s=n_fwd * forward,
         backward_s=n_bwd * backward,
         recompute_s=n_bwd * recompute,
         optimizer_s=optimizer_s[0],
-        tensor_parallel_s=n_fwd * comm_fwd + n_bwd * (comm_bwd + comm_re),
+        tensor_parallel_s=n_fwd * comm_fwd + n_bwd * (comm_bwd + comm_re) - context,
+        context_parallel_s=context,
         step_time_s=n_fwd * forward + n_bwd * (backward + recompute) + optimizer_s[0],
         lower_bound_s=n_fwd * fwd_lower + n_bwd * bwd_lower + optimizer_s[1],
     )

@@ -116,6 +116,19 @@ def precision_context(spec: PrecisionSpec, device_type: str) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def sequence_context(mesh: Any, input_ids: torch.Tensor) -> Iterator[torch.Tensor | None]:
+    """Context parallelism's micro-batch context over ``mesh`` (yielding this rank's token
+    positions), or nothing (None) without it."""
+    if mesh is None:
+        yield None
+        return
+    from validate.context import micro_batch_context
+
+    with micro_batch_context(mesh, input_ids.shape[1] * mesh.size(), input_ids.device) as positions:
+        yield positions
+
+
 def make_scaler(spec: PrecisionSpec, device_type: str) -> torch.amp.GradScaler | None:
     return torch.amp.GradScaler(device_type) if spec.loss_scaling else None
 
@@ -129,12 +142,15 @@ def train_step(
     spec: PrecisionSpec,
     scaler: torch.amp.GradScaler | None = None,
     keep_grads: bool | None = None,
+    context: Any = None,
 ) -> None:
     """One optimizer step over ``grad_accum_steps`` micro-batches sliced from the batch.
 
     ``keep_grads`` zeroes the gradients in place instead of freeing them (default: under DDP).
     DDP reduces on the last micro-batch only (``no_sync`` on the others); FSDP2 after every one,
-    or with ``fsdp_grad_sync`` "last" only after the last (``set_requires_gradient_sync``)."""
+    or with ``fsdp_grad_sync`` "last" only after the last (``set_requires_gradient_sync``).
+    ``context`` is the context-parallel mesh: the batch is this rank's sequence shard
+    (``validate.context.shard_batch``) and each micro-batch runs as ring attention."""
     b = knobs.micro_batch_size
     device_type = input_ids.device.type
     ddp = hasattr(model, "no_sync")
@@ -145,9 +161,9 @@ def train_step(
         if fsdp_once:
             model.set_requires_gradient_sync(final)  # type: ignore[operator]
         sync = model.no_sync() if ddp and not final else contextlib.nullcontext()  # type: ignore[operator]
-        with sync, loss_context(knobs):
+        with sync, loss_context(knobs), sequence_context(context, input_ids) as positions:
             with precision_context(spec, device_type):
-                loss = model(input_ids[rows], targets[rows]) / knobs.grad_accum_steps
+                loss = model(input_ids[rows], targets[rows], positions) / knobs.grad_accum_steps
             if scaler is not None:
                 scaler.scale(loss).backward()
             else:

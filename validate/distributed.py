@@ -47,7 +47,8 @@ from validate.apply import (
     train_step,
     wrap_data_parallel,
 )
-from validate.layout import apply_layout, device_mesh
+from validate.context import ring_attention_on_cpu, shard_batch
+from validate.layout import apply_layout, context_mesh, device_mesh
 from validate.parallelize import meshes_outside_fake_mode
 from validate.reference_model import build_model
 from validate.report import TOLERANCES, Figures, Mode, ValidationReport
@@ -99,16 +100,20 @@ def _simulate_layout(plan: PlanResult) -> int:
     model, training, knobs = plan.model.config, plan.training, steady_state_knobs(plan.best.knobs)
     spec = precision_spec(knobs.precision)
     rows = plan.best.knobs.micro_batch_size * plan.best.knobs.grad_accum_steps  # the whole step's batch
-    with fake_process_group(knobs.parallel) as mesh, FakeTensorMode(), meshes_outside_fake_mode():
+    with fake_process_group(knobs.parallel) as mesh, FakeTensorMode(), meshes_outside_fake_mode(), \
+            ring_attention_on_cpu():
         built = configure_model(build_model(model, param_dtype(spec)), knobs)
         as_on_a_gpu(built)
         net = apply_layout(built, knobs, spec, mesh)
         optimizer = make_optimizer(net, training)
         ids = torch.randint(0, model.vocab_size, (rows, training.seq_len))
+        cp_mesh = context_mesh(mesh, knobs.parallel)
+        if cp_mesh is not None:
+            shard_batch(cp_mesh, ids)  # this rank's share of every sequence, as its data loader hands it out
         step_spec = compute_spec(knobs)
 
         def step() -> None:
-            train_step(net, optimizer, ids, ids, knobs, step_spec)
+            train_step(net, optimizer, ids, ids, knobs, step_spec, context=cp_mesh)
 
         step()
         tracker = LiveStorageTracker()
@@ -129,7 +134,7 @@ def simulate_rank(plan: PlanResult, progress: Progress | None = None) -> Validat
     say(f"simulating rank 0 of {dims.world_size} under fake tensors")
     predicted = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None,
                                                                   "model_flops_per_step": None})
-    if dims.shards_parameters or dims.tp > 1:
+    if dims.shards_parameters or dims.tp > 1 or dims.cp > 1:
         measured = Figures(peak_allocated_bytes=_simulate_layout(plan))
         notes: tuple[str, ...] = (f"simulate: rank 0 of {dims.world_size} running {layout_label(dims)} on a fake process "
                                   "group under fake tensors (collectives are no-ops on the real buffers); no "

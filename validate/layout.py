@@ -1,6 +1,8 @@
 """A plan's parallel layout applied to the reference model, the way PyTorch runs it: the device
 mesh (torchtitan's dimension order, tp innermost), tensor parallelism on its ``tp`` dimension
-(``validate.parallelize``), then FSDP2 on its ``dp`` dimension (``validate.apply.shard_model``).
+(``validate.parallelize``), then FSDP2 on its ``dp`` dimension, flattened with ``cp`` under
+context parallelism (``validate.apply.shard_model``); context parallelism runs in the step
+(``validate.context``).
 DDP and ZeRO-1 wrap the model elsewhere (``validate.distributed``); with tensor parallelism the
 planner refuses them."""
 
@@ -19,20 +21,39 @@ from validate.reference_model import Transformer
 
 
 def device_mesh(device_type: str, dims: ParallelDims) -> Any:
-    """The mesh of ``dims``: 1-D over the data-parallel ranks without tensor parallelism, else
-    (dp, tp) with tp innermost (its ranks are neighbours, inside a node)."""
+    """The mesh of ``dims``: 1-D over the data-parallel ranks without tensor or context
+    parallelism, else (dp, tp) or (dp, cp, tp), tp innermost (its ranks are neighbours, inside a
+    node), then cp (torchtitan's order)."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if dims.cp > 1:
+        return init_device_mesh(device_type, (dims.data_parallel, dims.cp, dims.tp), mesh_dim_names=("dp", "cp", "tp"))
     if dims.tp == 1:
         return init_device_mesh(device_type, (dims.data_parallel,))
     return init_device_mesh(device_type, (dims.data_parallel, dims.tp), mesh_dim_names=("dp", "tp"))
 
 
+def context_mesh(mesh: Any, dims: ParallelDims) -> Any | None:
+    """The context-parallel dimension of the layout's mesh (None without context parallelism)."""
+    return mesh["cp"] if dims.cp > 1 else None
+
+
+def _sharding_mesh(mesh: Any, dims: ParallelDims) -> Any:
+    """What FSDP2 shards over: the data-parallel ranks, and with context parallelism the
+    context-parallel ranks too (torchtitan's flattened ``dp_shard_cp``: a context-parallel group
+    holds one model replica, sharded)."""
+    if dims.cp > 1:
+        return mesh["dp", "cp"]._flatten("dp_cp")
+    return mesh["dp"] if dims.tp > 1 else mesh
+
+
 def apply_layout(model: Transformer, knobs: Knobs, spec: PrecisionSpec, mesh: Any) -> nn.Module:
-    """Tensor parallelism, then FSDP2 over the data-parallel ranks, as the plan says."""
+    """Tensor parallelism, then FSDP2 over the data-parallel (and context-parallel) ranks, as the
+    plan says. Context parallelism changes no module: it runs inside the step (``train_step``
+    with the context mesh)."""
     dims = knobs.parallel
     if dims.tp > 1:
         apply_tensor_parallel(model, knobs, mesh["tp"])
     if dims.shards_parameters:
-        return shard_model(model, knobs, spec, mesh["dp"] if dims.tp > 1 else mesh)
+        return shard_model(model, knobs, spec, _sharding_mesh(mesh, dims))
     return model

@@ -232,22 +232,32 @@ class Transformer(nn.Module):
             x = self.blocks[index](x, rope, mask)
         return x
 
-    def rope_tables(self, seq_len: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of shape (T, H), built once per forward in fp32 and cast to the activations' dtype."""
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of shape (T, H) at ``positions`` (fp32, the tokens' places in their
+        sequence), built once per forward in fp32 and cast to the activations' dtype."""
         h = self.config.head_dim
-        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, h, 2, device=device, dtype=torch.float32) / h))
-        angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, h, 2, device=positions.device,
+                                                                  dtype=torch.float32) / h))
+        angles = torch.outer(positions, inv_freq)
         angles = torch.cat((angles, angles), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """The mean cross-entropy of ``input_ids`` predicting ``targets``. ``positions`` (fp32, one
+        per token) places the tokens in their sequence; default ``0..T-1``. Under context
+        parallelism a rank holds two chunks of every sequence (torch's head-tail load balancing)
+        and passes their positions."""
         seq_len = input_ids.shape[1]
         x = self.embed(input_ids)
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(seq_len, device=input_ids.device))
         if self.embed_dropout is not None:
             x = self.embed_dropout(x)
-        rope = self.rope_tables(seq_len, x.dtype, x.device) if self.config.positions is PositionKind.ROTARY else None
+        rope = None
+        if self.config.positions is PositionKind.ROTARY:  # default positions: a temporary, not a local
+            rope = self.rope_tables(torch.arange(seq_len, device=x.device, dtype=torch.float32) if positions is None
+                                    else positions, x.dtype)
         mask = None
         if self.config.attention is AttentionImpl.EAGER:
             mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).triu(1)

@@ -8,9 +8,10 @@ masked half, and its backward recomputes QK^T (5 matmuls instead of 4; Dao 2023,
 
 from __future__ import annotations
 
+from hardware.collectives import Collective
 from hardware.dtypes import DType
 from hardware.kernels import AttentionShape
-from planner.ops.base import AllocSequence, LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
+from planner.ops.base import AllocSequence, CollectiveCall, LayerCost, LayerSpec, MeshDim, OpContext, OpKind, TensorInfo
 from planner.ops.elementwise import promote
 from planner.ops.registry import register
 
@@ -168,4 +169,107 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         # grad of the head merge, then the probs grad and the softmax grad coexist (under autocast
         # both are fp32 while the low-precision probs grad has already been freed)
         bwd_transient_bytes=max(operand, p_bytes) + s_bytes,
+    )
+
+
+def _ring_peaks(u: int, w: int, lse: int, cp: int, low_precision: bool) -> tuple[int, int]:
+    """(forward, backward) peak bytes inside torch's ring attention on rank 0 of ``cp``, above
+    what exists when it starts (its inputs, and in the backward the output gradient): ``u`` the
+    local queries/output, ``w`` the local keys (values alike), ``lse`` the fp32 log-sum-exp, all
+    in bytes; ``u4``/``w4`` their fp32 accumulators. Transcribed from torch 2.13's
+    ``_templated_ring_attention`` (``_RotateMethod.ALL_GATHER``) and its backward, rank 0 (every
+    step after the first is its "partial" one: the second half of its queries against the whole
+    key/value shard), and matched to the byte with the live-storage tracker on 144 shapes (cp 2, 4
+    and 8; fp32 and bf16; MHA and GQA 2 and 4; tests/planner/test_context_parallel.py keeps a grid).
+
+    Forward: contiguous copies of k and v (2w), their concatenation (2w) and the all-gathered
+    shards (2 cp w); the first block's output and lse (u + lse, and an fp32 copy of the output
+    under mixed precision) while, from the second step on (cp > 2), the next concatenation (2w)
+    exists; then each partial step's merge in fp32: the running output, the block's half, the
+    merged half and the concatenation that replaces the running output (3 u4, plus the block's
+    low-precision half), with two lse-sized tensors.
+
+    Backward: fp32 accumulators for dq, dk, dv (u4 + 2 w4), the concatenation (2w) and the gathered
+    shards (2 cp w) for the whole loop; at the second step the first step's gradients (u + 2w)
+    and the new partial ones (u/2 + 2w), the dk/dv concatenation and its all-to-all result
+    (2 x 2 w4), half an lse; from the third step (cp > 2) one more concatenation of k and v
+    before the call; at each partial step's update of dq (a concatenation) two dq accumulators
+    and three dk/dv buffers (the received one still viewed by dk, dv)."""
+    u4, w4 = u * 4 // (2 if low_precision else 4), w * 4 // (2 if low_precision else 4)
+    gathered = 2 * cp * w
+    first = 2 * w + 2 * w + gathered  # copies, concatenation, gathered shards
+    block0 = 2 * w + gathered + u + lse + (u4 if low_precision else 0) + (2 * w if cp > 2 else 0)
+    merge = gathered + 3 * u4 + (u // 2 if low_precision else 0) + 2 * lse
+    forward = max(first, block0, merge)
+    second = u4 + 2 * w4 + 2 * w + gathered + (u + 2 * w) + 2 * (2 * w4) + lse // 2 + (u // 2 + 2 * w)
+    third = second + 2 * w - u // 2 - lse // 2 if cp > 2 else 0
+    update = 2 * u4 + 3 * (2 * w4) + gathered + 2 * w + (u // 2 + 2 * w) + lse // 2
+    return forward, max(second, third, update)
+
+
+@register(OpKind.ATTENTION_RING)
+def ring_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """SDPA under context parallelism (torch's ``context_parallel``, as torchtitan runs it): this
+    rank holds T/cp tokens of every sequence, two chunks of 2 cp (head-tail load balancing), and
+    attends them to every rank's keys and values (``group_size`` = cp ranks).
+
+    Each rank runs cp flash calls: its causal diagonal block (T/cp)^2 and cp - 1 non-causal blocks
+    of (T/2cp) x (T/cp) (ranks past it: its later half of queries; with load balancing every rank
+    runs the same), merging outputs by log-sum-exp in fp32. Executed FLOPs
+    ``4 B N H (T/cp)^2 cp / 2`` per rank (1/cp of the causal work), backward 2.5 x; model FLOPs
+    are the rank's 1/cp share of the unsharded model's as FlopCounterMode counts it (the full
+    T x T square: ``4 B N H T^2 / cp``), so MFU compares across layouts.
+
+    Memory (rank 0, the rank with the most): SDPA saves q, k, v, its merged output (B, N, T/cp, H)
+    and the fp32 lse; the merged output is concatenated in (B, N, T, H) order, so the head merge
+    before ``o_proj`` is a copy (the op's output, saved by ``o_proj``). Transients: ``_ring_peaks``.
+
+    Communication (``_RotateMethod.ALL_GATHER``, torch's default): the forward all-gathers k and v
+    once (issued before the diagonal block, waited before the second: it hides behind 1/cp of the
+    kernel time); the backward all-gathers them again the same way and passes the fp32 dk/dv
+    round the ring with a permute after every block (each hidden by the next block, the last one
+    waited for)."""
+    *qk, v = ctx.inputs
+    dtype = promote(*(t.dtype for t in ctx.inputs))
+    cp, b = spec.group_size, dtype.n_bytes
+    bnt = ctx.batch * spec.n_heads * ctx.seq_len
+    u = bnt * spec.head_dim * b
+    w = ctx.batch * spec.n_kv_heads * ctx.seq_len * spec.head_dim * b
+    lse = bnt * 4
+    low = b < 4
+    forward, backward = _ring_peaks(u, w, lse, cp, low)
+    out = TensorInfo(numel=bnt * spec.head_dim, dtype=dtype)  # the heads merged: a copy
+    square = 4.0 * ctx.batch * spec.n_heads * ctx.seq_len * ctx.seq_len * spec.head_dim
+    executed = square * cp / 2  # the diagonal block's causal half + cp - 1 half blocks
+    u4, w4 = bnt * spec.head_dim * 4, w * 4 // b
+    io = u + 2 * w + u + lse
+
+    def call(kind: Collective, n_bytes: float, overlap: float, calls: int = 1) -> CollectiveCall:
+        return CollectiveCall(kind=kind, n_bytes=n_bytes, group_size=cp, ranks_per_node=spec.ranks_per_node,
+                              dimension=MeshDim.CP, overlap=overlap, calls=calls)
+
+    gather = call(Collective.ALL_GATHER, 2 * cp * w, 1 / cp)
+    return LayerCost(
+        fwd_flops=square * cp,
+        bwd_input_flops=2 * square * cp,
+        exec_fwd_flops=executed,
+        exec_bwd_flops=2.5 * executed,
+        attention=AttentionShape(seq_len=ctx.seq_len, head_dim=spec.head_dim, causal=True, fused=True,
+                                 kernel=spec.attention_kernel),
+        ring_ranks=cp,
+        fwd_collectives=(gather,),
+        bwd_collectives=(gather, call(Collective.PERMUTE, cp * 2 * w4, 1 / cp, cp - 1),
+                         call(Collective.PERMUTE, cp * 2 * w4, 0.0)),
+        # each step reads its queries and the gathered shard and writes a block; the merges stream fp32
+        fwd_bytes_moved=cp * io + (cp - 1) * 5 * u4,
+        bwd_bytes_moved=2 * cp * io + (cp - 1) * 6 * (u4 + 2 * w4),
+        fwd_kernels=cp + 12 * (cp - 1) + 6,
+        bwd_kernels=3 * cp + 10 * (cp - 1) + 8,
+        matmul=True,
+        output=out,
+        saves_inputs=tuple(True for _ in ctx.inputs),
+        saved_extra_bytes=(u, lse),
+        fwd_transient_bytes=max(0, forward - (2 * u + lse)),
+        unsaved_fwd_transient_bytes=max(0, forward - u),
+        bwd_transient_bytes=max(0, backward - (u + 2 * w)),
     )

@@ -28,6 +28,7 @@ class OpKind(StrEnum):
     ROTARY = "rotary"
     ATTENTION_FLASH = "attention_flash"
     ATTENTION_EAGER = "attention_eager"
+    ATTENTION_RING = "attention_ring"  # SDPA under context parallelism: torch's ring attention
     RESIDUAL_ADD = "residual_add"
     GELU = "gelu"
     SILU = "silu"
@@ -99,15 +100,29 @@ class LayerSpec(BaseModel):
     owns_params: bool = True  # False when the params belong to another op (tied LM head)
 
 
+class MeshDim(StrEnum):
+    """The parallel dimension whose group runs a collective (the report splits time by it)."""
+
+    TP = "tp"  # tensor (and sequence) parallelism
+    CP = "cp"  # context parallelism
+
+
 class CollectiveCall(BaseModel):
     """One collective an op runs: its kind, the bytes of the whole tensor (not a shard, as NCCL's
-    and nccl-tests' sizes count), the group's size and how many of it share this rank's node."""
+    and nccl-tests' sizes count), the group's size and how many of it share this rank's node.
+
+    ``overlap`` is the share of the op's own kernel time the collective runs beside (issued
+    before a computation it is not waited for in): only what that does not hide is on the
+    critical path. ``calls`` is how many such collectives the op runs."""
 
     model_config = ConfigDict(frozen=True)
     kind: Collective
     n_bytes: float
     group_size: int
     ranks_per_node: int
+    dimension: MeshDim = MeshDim.TP
+    overlap: float = Field(default=0.0, ge=0.0, le=1.0)
+    calls: int = Field(default=1, ge=1)
 
 
 class OpContext(BaseModel):
@@ -146,8 +161,9 @@ class LayerCost(BaseModel):
     matmul: bool = False  # runs at the policy's matmul precision
     gemm: GemmShape | None = None  # the matmul's shape (its efficiency falls off for small ones)
     attention: AttentionShape | None = None  # the attention call (its kernel's measured rate)
-    fwd_collective: CollectiveCall | None = None  # a collective on the critical path of the forward
-    bwd_collective: CollectiveCall | None = None  # ... of the backward
+    ring_ranks: int = 1  # context parallelism: the attention runs as a ring of this many blocks
+    fwd_collectives: tuple[CollectiveCall, ...] = ()  # collectives the forward waits for
+    bwd_collectives: tuple[CollectiveCall, ...] = ()  # ... the backward
     output: TensorInfo
     output_is_view: bool = False  # the output shares its first input's storage (allocates nothing)
     saves_inputs: tuple[bool, ...] = ()
@@ -221,6 +237,7 @@ __all__ = [
     "Field",
     "LayerCost",
     "LayerSpec",
+    "MeshDim",
     "OpContext",
     "OpKind",
     "ParamTensor",

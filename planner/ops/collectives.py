@@ -38,7 +38,7 @@ def copy_to_region_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     return LayerCost(
         output=TensorInfo(numel=x.numel, dtype=x.dtype),
         output_is_view=True,
-        bwd_collective=_call(Collective.ALL_REDUCE, x.n_bytes, spec),
+        bwd_collectives=(_call(Collective.ALL_REDUCE, x.n_bytes, spec),),
         fwd_kernels=0,
         bwd_kernels=0,
     )
@@ -51,7 +51,7 @@ def reduce_from_region_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     x = ctx.inputs[0]
     return LayerCost(
         output=TensorInfo(numel=x.numel, dtype=x.dtype),
-        fwd_collective=_call(Collective.ALL_REDUCE, x.n_bytes, spec),
+        fwd_collectives=(_call(Collective.ALL_REDUCE, x.n_bytes, spec),),
         grad_aliases_inputs=(True,),
         fwd_kernels=0,
         bwd_kernels=0,
@@ -69,8 +69,8 @@ def gather_from_sequence_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     out = TensorInfo(numel=x.numel * spec.group_size, dtype=x.dtype)
     return LayerCost(
         output=out,
-        fwd_collective=_call(Collective.ALL_GATHER, out.n_bytes, spec),
-        bwd_collective=_call(Collective.REDUCE_SCATTER, out.n_bytes, spec),
+        fwd_collectives=(_call(Collective.ALL_GATHER, out.n_bytes, spec),),
+        bwd_collectives=(_call(Collective.REDUCE_SCATTER, out.n_bytes, spec),),
         fwd_transient_bytes=out.n_bytes,
         bwd_transient_bytes=out.n_bytes,
         fwd_bytes_moved=2 * out.n_bytes,
@@ -89,8 +89,8 @@ def reduce_scatter_to_sequence_cost(spec: LayerSpec, ctx: OpContext) -> LayerCos
     out = TensorInfo(numel=x.numel // spec.group_size, dtype=x.dtype)
     return LayerCost(
         output=out,
-        fwd_collective=_call(Collective.REDUCE_SCATTER, x.n_bytes, spec),
-        bwd_collective=_call(Collective.ALL_GATHER, x.n_bytes, spec),
+        fwd_collectives=(_call(Collective.REDUCE_SCATTER, x.n_bytes, spec),),
+        bwd_collectives=(_call(Collective.ALL_GATHER, x.n_bytes, spec),),
         fwd_transient_bytes=x.n_bytes,
         bwd_transient_bytes=x.n_bytes,
         fwd_bytes_moved=2 * x.n_bytes,
@@ -109,7 +109,7 @@ def scatter_to_sequence_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     out = TensorInfo(numel=x.numel // spec.group_size, dtype=x.dtype)
     return LayerCost(
         output=out,
-        bwd_collective=_call(Collective.ALL_GATHER, x.n_bytes, spec),
+        bwd_collectives=(_call(Collective.ALL_GATHER, x.n_bytes, spec),),
         bwd_transient_bytes=x.n_bytes,
         fwd_bytes_moved=2 * out.n_bytes,
         bwd_bytes_moved=2 * x.n_bytes,

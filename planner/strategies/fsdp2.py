@@ -29,7 +29,7 @@ _LAYOUTS: IdentityCache[FsdpLayout] = IdentityCache()
 
 
 class Fsdp2(SingleDevice):
-    """FSDP2 over the data-parallel shard dimension."""
+    """FSDP2 over the data-parallel shard dimension (and the context-parallel ranks with it)."""
 
     allows_segments = False  # a segment's recompute would re-gather every block of it: not modelled
     communicates = True
@@ -75,9 +75,9 @@ class Fsdp2(SingleDevice):
         """FSDP2 units of ``graph`` (built in ``compute_spec``'s precision); shards keep the policy's
         parameter dtype (fp32 for bf16-mixed)."""
         stored = precision_spec(knobs.precision).param_dtype
-        return _LAYOUTS.get((graph, hw), (knobs.data_parallel, self.stage, stored, knobs.fsdp_grad_sync),
-                            lambda: fsdp_layout(graph, knobs.data_parallel, self.stage, stored, hw.round_alloc,
-                                                knobs.fsdp_grad_sync))
+        ranks = knobs.parallel.fsdp_ranks
+        return _LAYOUTS.get((graph, hw), (ranks, self.stage, stored, knobs.fsdp_grad_sync),
+                            lambda: fsdp_layout(graph, ranks, self.stage, stored, hw.round_alloc, knobs.fsdp_grad_sync))
 
     def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
                base: StaticMemory) -> StaticMemory:
@@ -91,13 +91,13 @@ class Fsdp2(SingleDevice):
                       time: TimeBreakdown) -> Communication | None:
         n = knobs.grad_accum_steps
         return fsdp_communication(self.layout(graph, knobs, hw), hw,
-                                  ParallelConfig(world_size=knobs.data_parallel,
-                                                 gpus_per_node=knobs.parallel.ranks_per_node("dp", gpus_per_node)), n,
+                                  ParallelConfig(world_size=knobs.parallel.fsdp_ranks,
+                                                 gpus_per_node=knobs.parallel.ranks_per_node("fsdp", gpus_per_node)), n,
                                   time.forward_s / n, (time.backward_s + time.recompute_s) / n)
 
     def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,
                                 hw: HardwareProfile, state_tensors_per_param: int) -> int:
         """Rank 0 holds at least 1/N of each tensor as parameters, each state tensor and (after the
         first micro-batch) the sharded gradient."""
-        shards = sum(p.numel * spec.param_dtype.n_bytes // knobs.data_parallel for p in tensors.values())
+        shards = sum(p.numel * spec.param_dtype.n_bytes // knobs.parallel.fsdp_ranks for p in tensors.values())
         return shards * (1 + state_tensors_per_param) + (shards if knobs.grad_accum_steps > 1 else 0)
