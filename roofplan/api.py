@@ -138,12 +138,15 @@ def plan(
     tp: int | None = None,
     sequence_parallel: bool = True,
     on_stage: Callable[[str], None] | None = None,
+    cp: int | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
     ``gpus`` is every GPU of the job: groups of ``tp`` tensor-parallel ranks (searched when None;
-    with sequence parallelism unless ``sequence_parallel`` is False), data parallel over the
-    groups at ``zero_stage``. ``fsdp_grad_sync`` ("every" or "last") is how ZeRO-2/3 plans
+    with sequence parallelism unless ``sequence_parallel`` is False), ``cp`` such groups sharing
+    each sequence (context parallelism: ring attention; searched when None), data parallel over
+    those at ``zero_stage`` (under context parallelism FSDP2 shards over the data- and
+    context-parallel ranks). ``fsdp_grad_sync`` ("every" or "last") is how ZeRO-2/3 plans
     accumulate gradients; it is fixed, not searched.
 
     ``checkpoint`` is ``"none"``, ``"all"``, ``"0,2,5-9"`` or a list of block indices. Raises
@@ -159,21 +162,27 @@ def plan(
     parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=max(gpus_per_node, 1))
     grad_sync = _grad_sync(fsdp_grad_sync, gpus, zero_stage)
     if gpus == 1:
-        tp = 1
+        tp = cp = 1
     if (micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None
-            and (gpus == 1 or (zero_stage is not None and tp is not None))):
+            and (gpus == 1 or (zero_stage is not None and tp is not None and cp is not None))):
         zero_stages(training, gpus, gpus_per_node, zero_stage)
-        assert tp is not None
-        if tp <= 0 or gpus % tp:
-            raise ConfigError(f"--tp: {tp} must be a positive divisor of the {gpus} GPUs (--gpus)")
-        per_rank = training.global_batch_size * tp // gpus
+        assert tp is not None and cp is not None
+        for flag, degree in (("--tp", tp), ("--cp", cp)):
+            if degree <= 0 or gpus % degree:
+                raise ConfigError(f"{flag}: {degree} must be a positive divisor of the {gpus} GPUs (--gpus)")
+        if gpus % (tp * cp):
+            raise ConfigError(f"--tp x --cp: {tp} x {cp} must divide the {gpus} GPUs (--gpus)")
+        per_rank = training.global_batch_size * tp * cp // gpus
         if micro_batch_size <= 0 or per_rank % micro_batch_size:
             raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_rank} "
                               "sequences each data-parallel rank gets per step")
         try:
-            layout = ParallelDims.data_parallel_of(gpus, zero_stage or 0, tp=tp, sp=sequence_parallel and tp > 1)
+            layout = ParallelDims.data_parallel_of(gpus, zero_stage or 0, tp=tp, sp=sequence_parallel and tp > 1, cp=cp)
+        except ValidationError as error:
+            raise ConfigError(f"--zero-stage / --tp / --cp: {error.errors()[0]['msg'].removeprefix('Value error, ')}"
+                              ) from None
         except ValueError as error:
-            raise ConfigError(f"--zero-stage / --tp: {error}") from None
+            raise ConfigError(f"--zero-stage / --tp / --cp: {error}") from None
         knobs = Knobs(
             micro_batch_size=micro_batch_size,
             grad_accum_steps=per_rank // micro_batch_size,
@@ -188,7 +197,8 @@ def plan(
     from search.study import SamplerKind, SearchOptions, run_search
 
     space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, gpus_per_node,
-                        zero_stage, grad_sync, tensor_parallel=tp, sequence_parallel=sequence_parallel)
+                        zero_stage, grad_sync, tensor_parallel=tp, sequence_parallel=sequence_parallel,
+                        context_parallel=cp)
     if sampler not in {k.value for k in SamplerKind}:
         raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {', '.join(k.value for k in SamplerKind)}")
     try:
@@ -234,8 +244,9 @@ def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, c
     flag = " --fsdp-grad-sync last" if knobs.fsdp_grad_sync is GradSync.LAST else ""
     dims = knobs.parallel
     tp = f" --tp {dims.tp}" if dims.tp > 1 else ""
+    cp = f" --cp {dims.cp}" if dims.cp > 1 else ""
     return (f"it fits on {n} GPUs as {layout_label(dims)} ({knobs.precision.value}, micro-batch "
-            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}{tp}{flag}")
+            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}{tp}{cp}{flag}")
 
 
 def validate(

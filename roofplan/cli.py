@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=None,
                    help="tensor-parallel degree (parallelize_module: colwise/rowwise linears, heads split; inside a "
                         "node); searched over the degrees the model and --gpus allow if omitted")
+    p.add_argument("--cp", type=int, default=None,
+                   help="context-parallel degree (torch's context_parallel: each sequence split over N GPUs, ring "
+                        "attention, FSDP2 over the data- and context-parallel ranks); searched if omitted over "
+                        "degrees that leave each GPU at least 4096 tokens of a sequence")
     p.add_argument("--no-sequence-parallel", action="store_true",
                    help="tensor parallelism without sequence parallelism (norms, dropout and residuals on every "
                         "rank whole; all-reduces instead of all-gathers and reduce-scatters)")
@@ -151,6 +155,7 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             zero_stage=args.zero_stage,
             fsdp_grad_sync=args.fsdp_grad_sync,
             tp=args.tp,
+            cp=args.cp,
             sequence_parallel=not args.no_sequence_parallel,
         )
     except InfeasibleError as error:

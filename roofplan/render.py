@@ -15,6 +15,7 @@ from planner.optimizer import optimizer_spec
 from planner.parallel_dims import layout_label
 from planner.precision import precision_spec
 from planner.strategies import strategy_for
+from planner.strategies.context import describe_context_parallel, local_seq_len
 from planner.strategies.tensor import describe_tensor_parallel, rank_parameters
 from roofplan.time_sources import time_sources
 
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
     from planner.results import PlanResult
 
 
-NOT_MODELLED = ("not modelled yet: pipeline, context and expert parallelism, HSDP, CPU offload "
-                "(modelled: data parallelism with DDP, ZeRO-1 or FSDP2, tensor and sequence parallelism)")
+NOT_MODELLED = ("not modelled yet: pipeline and expert parallelism, HSDP, CPU offload (modelled: data parallelism "
+                "with DDP, ZeRO-1 or FSDP2, tensor, sequence and context parallelism)")
 
 
 def zero_label(knobs: Knobs) -> str:
@@ -115,8 +116,12 @@ def knobs_table(result: PlanResult) -> Table:
     if dims.world_size > 1:
         nodes = result.parallel.nodes
         table.add_row("layout", f"{dims.world_size} GPUs on {nodes} node{'s' if nodes > 1 else ''}: {layout_label(dims)}")
-    if dims.data_parallel > 1:
-        table.add_row("data parallel", f"{dims.data_parallel} ranks, ZeRO-{k.zero_stage}: {strategy.describe(k)}")
+    if dims.fsdp_ranks > 1:
+        over = f" (FSDP2 over them and the {dims.cp} context-parallel ranks)" if dims.cp > 1 else ""
+        ranks = f"{dims.data_parallel} rank{'s' if dims.data_parallel > 1 else ''}"
+        table.add_row("data parallel", f"{ranks}{over}, ZeRO-{k.zero_stage}: {strategy.describe(k)}")
+    if dims.cp > 1:
+        table.add_row("context parallel", describe_context_parallel(dims, t.seq_len))
     if dims.tp > 1:
         table.add_row("tensor parallel", describe_tensor_parallel(result.model.config, dims))
     return table
@@ -135,7 +140,7 @@ def memory_table(result: PlanResult) -> Table:
     table.add_column("napkin math")
     table.add_column("bytes", justify="right")
     dims = k.parallel
-    ranks = dims.data_parallel
+    ranks = dims.fsdp_ranks if strategy_for(dims).shards_params else dims.data_parallel
     strategy = strategy_for(dims)
     sharded = strategy.shards_params
     if dims.tp > 1:  # one tensor-parallel rank's share of the model (norms whole on every rank)
@@ -153,13 +158,14 @@ def memory_table(result: PlanResult) -> Table:
     )
     table.add_row(
         "activations",
-        f"saved for backward by one micro-batch of {k.micro_batch_size}×{t.seq_len} tokens",
+        f"saved for backward by one micro-batch of {k.micro_batch_size}×{local_seq_len(t.seq_len, dims)} tokens"
+        + (f" (1/{dims.cp} of each sequence)" if dims.cp > 1 else ""),
         format_bytes(mem.activations_bytes),
     )
     vocab = f"{m.vocab_size}/{dims.tp}" if dims.tp > 1 else f"{m.vocab_size}"
     table.add_row(
         "logits",
-        f"B·T·V = {k.micro_batch_size}·{t.seq_len}·{vocab} × 4 B (fp32 log-probs, end of forward)",
+        f"B·T·V = {k.micro_batch_size}·{local_seq_len(t.seq_len, dims)}·{vocab} × 4 B (fp32 log-probs, end of forward)",
         format_bytes(mem.logits_bytes),
     )
     at = mem.at_peak
@@ -194,7 +200,11 @@ def time_table(result: PlanResult) -> Table:
     if k.parallel.tp > 1:
         table.add_row("tensor-parallel collectives", "on the critical path, inside forward/backward (NCCL's model)",
                       _seconds(tb.tensor_parallel_s))
-    if k.parallel.data_parallel > 1:
+    if k.parallel.cp > 1:
+        table.add_row("context-parallel collectives", "the ring's key/value all-gathers and dk/dv passes beyond the "
+                      "attention blocks they overlap, inside forward/backward (NCCL's model)",
+                      _seconds(tb.context_parallel_s))
+    if k.parallel.fsdp_ranks > 1:
         table.add_row("data-parallel collectives", "what they add beyond the compute they overlap (NCCL's model, "
                       "compute slowed while overlapped)", _seconds(tb.communication_s))
     table.add_row(Text("step", style="bold"), f"lower bound (pure roofline) {_seconds(tb.lower_bound_s)}", Text(_seconds(tb.step_time_s), style="bold"))

@@ -48,7 +48,9 @@ class Evaluation:
     chosen: ParetoPoint
     points: tuple[ParetoPoint, ...]
     cap_bytes: int
-    pruned: bool = False  # nothing here can fit: only a lower bound was priced (step time unknown)
+    # only lower bounds were priced: nothing here can fit (step time infinite), or nothing here can
+    # beat the fastest plan found before it (step time the bound, device bytes a lower bound)
+    pruned: bool = False
 
     @property
     def knobs(self) -> Knobs:
@@ -102,11 +104,14 @@ def evaluate(
     allow_segments: bool = True,
     prune: bool = True,
     gpus_per_node: int = 8,
+    beat_s: float | None = None,
 ) -> Evaluation:
     """The fastest plan at this point (``base``: its micro-batch, precision and layout,
     checkpointing nothing) that fits ``cap_bytes`` (or the smallest one if none fits).
 
-    With ``prune``, a point whose lower bound already exceeds the cap is not walked at all."""
+    With ``prune``, a point whose lower bound already exceeds the cap is not walked at all, nor
+    one whose step time without recompute or communication (what every placement of it takes at
+    least) is above ``beat_s``, the fastest plan found so far: neither can be the answer."""
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
         est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
@@ -119,6 +124,9 @@ def evaluate(
         return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
     graph = rank_graph(model, training, base, spec, gpus_per_node)
     times, no_recompute = rank_timing(graph, hw, training, base, frozenset())
+    if prune and beat_s is not None and no_recompute.step_time_s > beat_s:
+        point = ParetoPoint(step_time_s=no_recompute.step_time_s, device_bytes=floor, knobs=base)
+        return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
     fwd_s = dict(zip(times.names, times.fwd_s, strict=True))
     # a step's time is additive in the forward time each checkpointed block runs again
     rerun_s = [

@@ -24,6 +24,7 @@ from planner.parallel import MODELLED_STAGES, zero_stages
 from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy, precision_spec
 from planner.strategies import strategy_for
+from planner.strategies.context import check_context_parallel
 from planner.strategies.tensor import check_tensor_parallel
 
 # The default policy (README "Search"): by default only a policy that trains like the fp32
@@ -38,6 +39,13 @@ MICRO_BATCH = "micro_batch_size"
 PRECISION = "precision"
 ZERO_STAGE = "zero_stage"
 TP = "tp"
+CP = "cp"
+# the shortest share of a sequence a searched context-parallel degree leaves a rank: below it the
+# ring's blocks ((T/2cp) x (T/cp) per step) are shorter than the lengths where FlashAttention's
+# published rates level off (4-8k tokens, docs/kernel_benchmarks.md) and the key/value all-gather
+# hides behind less work (torchtitan applies CP to sequences of 32k tokens and more). It also keeps
+# the layout search within its time budget (benchmarks/plan_speed.py); --cp fixes any degree
+MIN_CONTEXT_SHARD_TOKENS = 4096
 
 Choice = int | str | bool
 Point = dict[str, Choice]
@@ -82,6 +90,10 @@ class SearchSpace(BaseModel):
     def tensor_parallel(self) -> tuple[int, ...]:
         return tuple(int(c) for c in self.dimensions.get(TP, (1,)))
 
+    @property
+    def context_parallel(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.dimensions.get(CP, (1,)))
+
     def key(self, point: Mapping[str, Any]) -> tuple[Choice, ...]:
         """A point as a hashable tuple, in dimension order."""
         return tuple(point[name] for name in self.names)
@@ -92,18 +104,22 @@ class SearchSpace(BaseModel):
 
     # --- which points are plans -----------------------------------------------------------
     def layout(self, point: Mapping[str, Any]) -> ParallelDims:
-        """The parallel layout of a point (its tp ranks per group, data parallel over the groups)."""
-        tp = int(point.get(TP, 1))
+        """The parallel layout of a point (groups of tp ranks, cp groups to a context-parallel
+        group, data parallel over those)."""
+        tp, cp = int(point.get(TP, 1)), int(point.get(CP, 1))
         return ParallelDims.data_parallel_of(self.world_size, int(point[ZERO_STAGE]), tp=tp,
-                                             sp=self.sequence_parallel and tp > 1)
+                                             sp=self.sequence_parallel and tp > 1, cp=cp)
 
     def allows(self, point: Mapping[str, Any]) -> bool:
-        """Whether a point is a plan: its layout exists (a ZeRO stage needs several data-parallel
-        ranks; tensor parallelism shares them through FSDP2), its precision runs under its strategy
-        and its micro-batch divides each data-parallel rank's sequences."""
-        tp, stage = int(point.get(TP, 1)), int(point[ZERO_STAGE])
-        data = self.world_size // tp
-        if (data == 1 and stage) or (tp > 1 and data > 1 and stage < 2):
+        """Whether a point is a plan: its layout exists (a ZeRO stage needs several ranks to shard
+        over; tensor parallelism shares the data-parallel ranks through FSDP2, context parallelism
+        always runs under FSDP2), its precision runs under its strategy and its micro-batch divides
+        each data-parallel rank's sequences."""
+        tp, cp, stage = int(point.get(TP, 1)), int(point.get(CP, 1)), int(point[ZERO_STAGE])
+        if self.world_size % (tp * cp):
+            return False
+        data = self.world_size // (tp * cp)
+        if (data * cp == 1 and stage) or (tp > 1 and data > 1 and stage < 2) or (cp > 1 and stage < 2):
             return False
         layout = self.layout(point)
         if not strategy_for(layout).runs(PrecisionPolicy(point[PRECISION])):
@@ -137,7 +153,8 @@ class SearchSpace(BaseModel):
         for precision in self.dimensions[PRECISION]:
             options = [p for p in self.points() if p[PRECISION] == precision]
             if options:
-                out.append(min(options, key=lambda p: (int(p[MICRO_BATCH]), -int(p[ZERO_STAGE]), -int(p.get(TP, 1)))))
+                out.append(min(options, key=lambda p: (int(p[MICRO_BATCH]), -int(p[ZERO_STAGE]), -int(p.get(TP, 1)),
+                                                       -int(p.get(CP, 1)))))
         return out
 
     def neighbours(self, point: Mapping[str, Any]) -> list[Point]:
@@ -182,35 +199,49 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
-def tensor_parallel_degrees(model: ModelConfig, training: TrainConfig, gpus: int, gpus_per_node: int,
-                            fixed: int | None, sequence_parallel: bool) -> tuple[int, ...]:
-    """The tensor-parallel degrees a request allows: ``--tp`` if given (checked, the error naming
-    it), else every degree that divides the GPUs, fits inside a node (TP's collectives are on the
-    critical path: NVLink), and that PyTorch can run on this model (heads, key/value heads, tied
-    embeddings, the sequence under SP)."""
-    def runs(tp: int) -> str | None:
+def layout_degrees(model: ModelConfig, training: TrainConfig, gpus: int, gpus_per_node: int, fixed_tp: int | None,
+                   fixed_cp: int | None, sequence_parallel: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The tensor- and context-parallel degrees a request allows: ``--tp`` / ``--cp`` if given
+    (checked, the error naming the flag), else every degree that divides the GPUs and that
+    PyTorch can run on this model: tensor parallelism inside a node (its collectives are on the
+    critical path: NVLink; heads, key/value heads, tied embeddings, the sequence under SP),
+    context parallelism leaving each rank at least ``MIN_CONTEXT_SHARD_TOKENS`` of a sequence
+    (flash attention, rotary positions, 2 cp equal chunks). Together they must leave data-parallel
+    ranks that divide the global batch (every rank gets whole sequences)."""
+    seq, batch = training.seq_len, training.global_batch_size
+
+    def problem(tp: int, cp: int) -> str | None:
+        dims = ParallelDims(tp=tp, sp=sequence_parallel and tp > 1, cp=cp, sharding="full" if cp > 1 else None)
         try:
-            check_tensor_parallel(model, training.seq_len, ParallelDims(tp=tp, sp=sequence_parallel and tp > 1))
+            check_tensor_parallel(model, seq // cp, dims)
+            check_context_parallel(model, seq, dims)
         except ConfigError as error:
             return str(error)
         return None
 
-    batch = training.global_batch_size
-    if fixed is not None:
-        if fixed <= 0 or gpus % fixed:
-            raise ConfigError(f"--tp: {fixed} must be a positive divisor of the {gpus} GPUs (--gpus)")
-        if batch % (gpus // fixed):
-            raise ConfigError(f"--gpus: {gpus} GPUs in groups of --tp {fixed} are {gpus // fixed} data-parallel ranks, "
-                              f"which must divide the global batch {batch} so every rank gets whole sequences")
-        problem = runs(fixed)
-        if problem is not None:
-            raise ConfigError(f"--tp: {problem.removeprefix('parallel.tp: ').removeprefix('parallel.sp: ')}")
-        return (fixed,)
-    found = tuple(tp for tp in divisors(gpus) if tp <= gpus_per_node and not batch % (gpus // tp) and runs(tp) is None)
-    if not found:
+    for flag, fixed in (("--tp", fixed_tp), ("--cp", fixed_cp)):
+        if fixed is not None and (fixed <= 0 or gpus % fixed):
+            raise ConfigError(f"{flag}: {fixed} must be a positive divisor of the {gpus} GPUs (--gpus)")
+    tps = (fixed_tp,) if fixed_tp is not None else tuple(tp for tp in divisors(gpus) if tp <= gpus_per_node)
+    cps = (fixed_cp,) if fixed_cp is not None else tuple(
+        cp for cp in divisors(gpus) if cp == 1 or seq // cp >= MIN_CONTEXT_SHARD_TOKENS)
+    pairs = [(tp, cp) for tp in tps for cp in cps if not gpus % (tp * cp)]
+    for flag, fixed, alone in (("--tp", fixed_tp, lambda d: problem(d, fixed_cp or 1)),
+                               ("--cp", fixed_cp, lambda d: problem(fixed_tp or 1, d))):
+        if fixed is not None and fixed > 1 and (refusal := alone(fixed)) is not None:
+            raise ConfigError(f"{flag}: " + refusal.split(": ", 1)[1])
+    runnable = [(tp, cp) for tp, cp in pairs if problem(tp, cp) is None]
+    whole = [(tp, cp) for tp, cp in runnable if not batch % (gpus // (tp * cp))]
+    if not whole:
+        if fixed_tp is not None or fixed_cp is not None:
+            tp, cp = fixed_tp or 1, fixed_cp or 1
+            raise ConfigError(f"--gpus: {gpus} GPUs in groups of --tp {tp} x --cp {cp} are {gpus // (tp * cp)} "
+                              f"data-parallel ranks, which must divide the global batch {batch} so every rank gets "
+                              "whole sequences")
         raise ConfigError(f"--gpus: {gpus} must be a positive divisor of the global batch {batch} (so every GPU gets "
-                          "whole sequences), or a multiple of one by a tensor-parallel degree the model allows (--tp)")
-    return found
+                          "whole sequences), or a multiple of one by tensor- and context-parallel degrees the model "
+                          "allows (--tp, --cp)")
+    return tuple(sorted({tp for tp, _ in whole})), tuple(sorted({cp for _, cp in whole}))
 
 
 def build_space(
@@ -227,14 +258,17 @@ def build_space(
     fsdp_grad_sync: GradSync = GradSync.EVERY,
     tensor_parallel: int | None = 1,
     sequence_parallel: bool = True,
+    context_parallel: int | None = 1,
 ) -> SearchSpace:
-    """The space: the layout (ZeRO stage and tensor-parallel degree on several GPUs),
+    """The space: the layout (ZeRO stage, tensor- and context-parallel degrees on several GPUs),
     micro-batches that divide each data-parallel rank's share of the global batch (accumulation
-    derived), the precisions the device runs; a knob given is fixed (``tensor_parallel`` None:
-    searched)."""
+    derived), the precisions the device runs; a knob given is fixed (``tensor_parallel`` or
+    ``context_parallel`` None: searched)."""
     stages = zero_stages(training, gpus, gpus_per_node, zero_stage)
-    tps = tensor_parallel_degrees(model, training, gpus, gpus_per_node, tensor_parallel, sequence_parallel)
-    shares = {training.global_batch_size * tp // gpus for tp in tps}  # sequences per data-parallel rank
+    tps, cps = layout_degrees(model, training, gpus, gpus_per_node, tensor_parallel, context_parallel,
+                              sequence_parallel)
+    shares = {training.global_batch_size * tp * cp // gpus for tp in tps for cp in cps
+              if not gpus % (tp * cp) and not training.global_batch_size % (gpus // (tp * cp))}  # per data-parallel rank
     if micro_batch_size is not None:
         if micro_batch_size <= 0 or not any(share % micro_batch_size == 0 for share in shares):
             per = " or ".join(str(share) for share in sorted(shares))
@@ -263,6 +297,8 @@ def build_space(
                                                      ZERO_STAGE: stages}
         if gpus > 1:
             dimensions[TP] = tps
+            if cps != (1,):
+                dimensions[CP] = cps
         return SearchSpace(dimensions=dimensions, world_size=gpus, global_batch_size=training.global_batch_size,
                            gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks,
                            allow_segments=allow_segments, fsdp_grad_sync=fsdp_grad_sync,
@@ -274,8 +310,9 @@ def build_space(
         layouts = sorted({(int(point[ZERO_STAGE]), int(point.get(TP, 1))) for point in space_of(tuple(PrecisionPolicy))
                           .points()})
         if not layouts:
-            raise ConfigError(f"--zero-stage / --tp: no layout of {gpus} GPUs runs here: ZeRO-1 and DDP need one "
-                              "GPU per tensor-parallel group or none, ZeRO stages need several data-parallel ranks")
+            raise ConfigError(f"--zero-stage / --tp / --cp: no layout of {gpus} GPUs runs here: ZeRO-1 and DDP need "
+                              "one GPU per tensor-parallel group or none and no context parallelism, ZeRO stages "
+                              "need several ranks to shard over")
         allowed = ", ".join(p.value for p in PrecisionPolicy if any(
             point[PRECISION] == p.value for point in space_of(tuple(PrecisionPolicy)).points()))
         raise ConfigError(f"--precision: {', '.join(p.value for p in chosen)} cannot run under --zero-stage "
@@ -283,5 +320,5 @@ def build_space(
     return space_of(runnable)
 
 
-__all__ = ["MICRO_BATCH", "MODELLED_STAGES", "PRECISION", "TP", "ZERO_STAGE", "Point", "SearchSpace", "build_space",
-           "divisors", "tensor_parallel_degrees"]
+__all__ = ["CP", "MICRO_BATCH", "MODELLED_STAGES", "PRECISION", "TP", "ZERO_STAGE", "Point", "SearchSpace",
+           "build_space", "divisors", "layout_degrees"]

@@ -20,6 +20,7 @@ workload is refused before it adds a trial.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import socket
 import time
@@ -202,13 +203,18 @@ def run_search(
 
     start = time.perf_counter()
     evaluations: dict[tuple[object, ...], Evaluation] = {}
+    fastest = [math.inf]  # the fastest plan that fits priced so far: points that cannot beat it are bounded only
+    bound = options.sampler is not SamplerKind.EXHAUSTIVE  # the grid is the reference: it walks every point
 
     def price(point: Point) -> Evaluation:
         key = space.key(point)
         if key not in evaluations:
-            evaluations[key] = evaluate(model, training, hw, cap_bytes, space.knobs_at(training, point),
-                                        space.fixed_checkpoint, space.allow_segments,
-                                        gpus_per_node=space.gpus_per_node)
+            ev = evaluate(model, training, hw, cap_bytes, space.knobs_at(training, point), space.fixed_checkpoint,
+                          space.allow_segments, gpus_per_node=space.gpus_per_node,
+                          beat_s=fastest[0] if bound else None)
+            if ev.fits and not ev.pruned:
+                fastest[0] = min(fastest[0], ev.chosen.step_time_s)
+            evaluations[key] = ev
         return evaluations[key]
 
     def objective(trial: optuna.Trial) -> float:
@@ -245,7 +251,7 @@ def run_search(
             _polish(study, space, price, evaluations, tag)
 
     trials = complete_trials(study, tag)
-    feasible = sorted((t for t in trials if t.user_attrs.get("excess_bytes", 1) <= 0), key=lambda t: (t.value, t.number))
+    feasible = sorted((t for t in trials if _a_plan_that_fits(t)), key=lambda t: (t.value, t.number))
     distinct: list[Knobs] = []
     for t in feasible:
         knobs = Knobs.model_validate(t.user_attrs["knobs"])
@@ -278,6 +284,11 @@ def run_search(
                          closest=closest, stats=stats)
 
 
+def _a_plan_that_fits(trial: optuna.trial.FrozenTrial) -> bool:
+    """A trial whose plan fits the cap (one bounded by a faster plan's time was never walked)."""
+    return trial.user_attrs.get("excess_bytes", 1) <= 0 and not trial.user_attrs.get("pruned", False)
+
+
 def _key(space: SearchSpace, trial: optuna.trial.FrozenTrial) -> tuple[object, ...]:
     return space.key(trial.params)
 
@@ -296,7 +307,7 @@ def _polish(
     the leaders has an unvisited neighbour (a leader's neighbour that wins becomes a leader)."""
     while True:
         trials = complete_trials(study, tag)
-        feasible = [t for t in trials if t.user_attrs.get("excess_bytes", 1) <= 0]
+        feasible = [t for t in trials if _a_plan_that_fits(t)]
         if not feasible:
             return
         visited = {_key(space, t) for t in trials} | set(evaluations)

@@ -19,6 +19,7 @@ only that rank's partition (``planner.parallel.zero1_partition``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import statistics
@@ -223,20 +224,27 @@ def _rank_report(plan: PlanResult, dev: torch.device, steps: int, profile: Hardw
     torch.manual_seed(1234 + rank)
     with torch.device(dev):
         net = configure_model(build_model(model, param_dtype(spec)), knobs)
+    cp_mesh = None
     if knobs.parallel.shards_parameters or knobs.parallel.tp > 1:
-        wrapped: torch.nn.Module = apply_layout(net, knobs, spec, device_mesh(dev.type, knobs.parallel))
+        mesh = device_mesh(dev.type, knobs.parallel)
+        wrapped: torch.nn.Module = apply_layout(net, knobs, spec, mesh)
         optimizer = make_optimizer(wrapped, training)
+        cp_mesh = context_mesh(mesh, knobs.parallel)
     else:
         wrapped = wrap_data_parallel(net, dev)
         optimizer = make_optimizer(wrapped, training, knobs.parallel.sharding)
     step_spec = compute_spec(knobs)
     rows = knobs.micro_batch_size * knobs.grad_accum_steps
-    torch.manual_seed(4321 + rank // knobs.parallel.tp)  # a tensor-parallel group shares its batch
+    # the ranks of a tensor- and context-parallel group share their batch (mesh: tp innermost, then cp)
+    torch.manual_seed(4321 + rank // (knobs.parallel.tp * knobs.parallel.cp))
     ids = torch.randint(0, model.vocab_size, (rows, training.seq_len), device=dev)
+    if cp_mesh is not None:
+        shard_batch(cp_mesh, ids)
     scaler = make_scaler(spec, dev.type)
 
     def step() -> None:
-        train_step(wrapped, optimizer, ids, ids, knobs, step_spec, scaler)
+        with ring_attention_on_cpu() if dev.type == "cpu" else contextlib.nullcontext():
+            train_step(wrapped, optimizer, ids, ids, knobs, step_spec, scaler, context=cp_mesh)
 
     def resident() -> list[torch.Tensor]:  # DDP's bucket views keep the gradients between steps
         grads = [p.grad for p in net.parameters() if p.grad is not None]
