@@ -18,6 +18,7 @@ from hardware.dtypes import DType
 from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
 from planner.cache import IdentityCache
+from planner.checkpointing import modelled_with_context_parallelism
 from planner.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.fsdp import FsdpLayout
@@ -101,6 +102,10 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
             f"training.global_batch_size is {training.global_batch_size}; choose a micro-batch that divides it"
         )
     strategy_for(knobs.parallel).check(knobs)
+    if knobs.checkpoint_blocks and not modelled_with_context_parallelism(knobs.checkpoint_policy, knobs.parallel.cp):
+        raise ConfigError("knobs.checkpoint_policy: per-op selective checkpointing under context parallelism is not "
+                          "modelled (the ring's head merge is recomputed, its SDPA outputs cached); use full or "
+                          "attention, or cp 1")
     check_tensor_parallel(model, local_seq_len(training.seq_len, knobs.parallel), knobs.parallel)
     check_context_parallel(model, training.seq_len, knobs.parallel)
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
@@ -261,7 +266,8 @@ def estimate(
     spec = check_knobs(model, training, hw, knobs)
     graph = rank_graph(model, training, knobs, spec, gpus_per_node)
     static = static_for(graph, hw, training, knobs)
-    units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments)
+    units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
+                             knobs.checkpoint_policy, knobs.save_list)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.schedule)
     _, time = rank_timing(graph, hw, training, knobs, timeline.recomputed_ops)
     time = with_communication(graph, hw, knobs, gpus_per_node, time)

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, computed_field, field_validator, model_validator
 
+from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
 from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy
 from planner.schedule import Schedule, accumulation
@@ -35,6 +36,10 @@ class Knobs(BaseModel):
     precision: PrecisionPolicy = PrecisionPolicy.BF16_MIXED
     checkpoint_blocks: tuple[int, ...] = Field(default=(), description="blocks checkpointed one by one")
     checkpoint_segments: tuple[tuple[int, int], ...] = Field(default=(), description="(first, last) segments")
+    checkpoint_policy: CheckpointPolicy = Field(
+        default=CheckpointPolicy.FULL, description="how checkpoint_blocks are checkpointed: the whole block, its "
+        "attention core only, or per op with save_list (planner.checkpointing)")
+    save_list: SaveList = Field(default=TORCHTITAN_SAVE_LIST, description="what the ops policy keeps")
     parallel: ParallelDims = Field(default_factory=ParallelDims, description="degrees of the parallel dimensions")
     fsdp_grad_sync: GradSync = Field(
         default=GradSync.EVERY, description="ZeRO-2/3: reduce-scatter after every micro-batch or only the last"
@@ -79,6 +84,9 @@ class Knobs(BaseModel):
             covered |= span
         if any(b < 0 for b in self.checkpoint_blocks):
             raise ValueError("checkpoint_blocks must be non-negative block indices")
+        if self.checkpoint_segments and self.checkpoint_policy is not CheckpointPolicy.FULL:
+            raise ValueError(f"checkpoint_segments: segments checkpoint whole blocks; the {self.checkpoint_policy.value} "
+                             "policy applies to blocks one by one (checkpoint_blocks)")
         if self.fsdp_grad_sync is GradSync.LAST and not self.parallel.shards_parameters:
             raise ValueError("fsdp_grad_sync 'last' applies to ZeRO-2/3 (FSDP2); DDP and ZeRO-1 already reduce "
                              "gradients once per step")

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from planner.cache import IdentityCache
+from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, CheckpointUnits, SaveList, op_units
 from planner.fsdp import simulate_fsdp_step
 from planner.graph import LayerGraph
 from planner.memory_types import CATEGORIES, Category, PeakPoint, Phase, StaticMemory, Timeline, TraceEvent
@@ -42,29 +43,35 @@ __all__ = [
 ]
 
 
-def checkpoint_units(n_layers: int, blocks: Sequence[int] | frozenset[int], segments: Sequence[tuple[int, int]] = ()) -> dict[int, int]:
-    """Block -> checkpoint unit id. Each block in ``blocks`` is its own unit; a segment
-    ``(first, last)`` checkpoints blocks first..last together (Chen et al. 2016)."""
+def checkpoint_units(n_layers: int, blocks: Sequence[int] | frozenset[int], segments: Sequence[tuple[int, int]] = (),
+                     policy: CheckpointPolicy = CheckpointPolicy.FULL,
+                     save: SaveList = TORCHTITAN_SAVE_LIST) -> CheckpointUnits:
+    """Block -> checkpoint unit id. Each block in ``blocks`` is its own unit, checkpointed with
+    ``policy`` (``planner.checkpointing``); a segment ``(first, last)`` checkpoints blocks
+    first..last together (Chen et al. 2016)."""
     units: dict[int, int] = {}
     for first, last in segments:
         for block in range(first, last + 1):
             units[block] = first
     for block in blocks:
         units.setdefault(block, block)
-    return {b: u for b, u in units.items() if 0 <= b < n_layers}
+    return CheckpointUnits({b: u for b, u in units.items() if 0 <= b < n_layers}, policy, save)
 
 
 def recomputed_ops(graph: LayerGraph, units: dict[int, int]) -> frozenset[str]:
-    """Names of the ops whose forward kernels run again in backward for this placement."""
-    members: dict[int, list[int]] = {}
-    for block, unit in units.items():
-        members.setdefault(unit, []).extend(graph.block_nodes.get(block, ()))
-    names: set[str] = set()
+    """Names of the ops whose forward kernels run again in backward for this placement (under
+    per-op selective checkpointing, not the ops whose outputs were kept)."""
     nodes = graph.nodes
+    unit, cached = op_units([op.spec.kind for op in nodes], [op.spec.block for op in nodes],
+                            [op.spec.bias for op in nodes], units)
+    members: dict[int, list[int]] = {}
+    for position, u in enumerate(unit):
+        if u is not None:
+            members.setdefault(u, []).append(position)
+    names: set[str] = set()
     for positions in members.values():
-        positions.sort()
         ran, _ = recompute_span([nodes[i].cost for i in positions])
-        names.update(graph.order[i] for i in positions[:ran])
+        names.update(graph.order[i] for i in positions[:ran] if not cached[i])
     return frozenset(names)
 
 

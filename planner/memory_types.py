@@ -70,3 +70,42 @@ class Timeline:
     recompute_flops: float  # forward FLOPs re-run by checkpointing, per micro-batch
     recomputed_ops: frozenset[str]  # ops whose forward runs again in backward
     trace: tuple[TraceEvent, ...] = ()
+
+
+class Live:
+    """Live bytes per category (list index), with the peak and where it happened."""
+
+    def __init__(self, record_trace: bool = False) -> None:
+        self.by_category = [0] * len(CATEGORIES)
+        self.total = 0
+        self.peak: PeakPoint | None = None
+        self.peak_bytes = -1
+        self.micro_batch = 0
+        self.trace: list[TraceEvent] | None = [] if record_trace else None
+
+    def add(self, category: int, n_bytes: int) -> None:
+        self.by_category[category] += n_bytes
+        self.total += n_bytes
+
+    def reset_grads(self, n_bytes: int) -> None:
+        """After the first micro-batch: every parameter gradient exists."""
+        grads = CATEGORIES.index(Category.GRADS)
+        self.total += n_bytes - self.by_category[grads]
+        self.by_category[grads] = n_bytes
+
+    def observe(self, phase: Phase, op: str, temporaries: int = 0, logits: int = 0, event: str = "") -> None:
+        """A candidate peak: what is live now plus momentary bytes. ``op`` is the graph node the
+        moment belongs to; ``event`` names what happens there when it is not the op itself
+        (an FSDP2 all-gather before a block's first op)."""
+        total = self.total + temporaries + logits
+        if self.trace is not None:
+            self.trace.append(TraceEvent(self.micro_batch, phase, op, total))
+        if total > self.peak_bytes:
+            breakdown = dict(zip(CATEGORIES, self.by_category, strict=True))
+            breakdown[Category.TEMPORARIES] += temporaries
+            breakdown[Category.LOGITS] += logits
+            self.peak_bytes = total
+            self.peak = PeakPoint(total, phase, f"{op}: {event}" if event else op, self.micro_batch, breakdown)
+
+    def category_bytes(self, category: Category) -> int:
+        return self.by_category[CATEGORIES.index(category)]

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
 from planner.errors import PlannerError
 from planner.graph import LayerGraph
 from planner.memory import Phase, StaticMemory, Timeline, TraceEvent, checkpoint_units, simulate_step
@@ -146,9 +147,12 @@ def placement_profile(
     round_bytes: object,
     schedule: Schedule,
     all_checkpointed: Timeline | None = None,
+    policy: CheckpointPolicy = CheckpointPolicy.FULL,
+    save: SaveList = TORCHTITAN_SAVE_LIST,
 ) -> PlacementProfile:
-    """Measure the terms with three walks (no block, block 0 only, every block checkpointed) and
-    check, event by event, that every block of each walk is what the terms predict."""
+    """Measure the terms with three walks (no block, block 0 only, every block checkpointed with
+    ``policy``) and check, event by event, that every block of each walk is what the terms
+    predict."""
     n = graph.model.n_layers
     if n < MIN_BLOCKS:
         raise NotDecomposableError(f"{n} blocks: enumerate the placements instead")
@@ -157,8 +161,8 @@ def placement_profile(
         if name == "all" and all_checkpointed is not None and all_checkpointed.trace:
             timeline = all_checkpointed  # the caller already walked it
         else:
-            timeline = simulate_step(graph, static, round_bytes, checkpoint_units(n, placed),  # type: ignore[arg-type]
-                                     schedule, record_trace=True)
+            timeline = simulate_step(graph, static, round_bytes,  # type: ignore[arg-type]
+                                     checkpoint_units(n, placed, (), policy, save), schedule, record_trace=True)
         runs[name] = _split(graph, timeline.trace)
     first: dict[int, Terms] = {}
     terms: dict[int, Terms] = {}

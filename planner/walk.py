@@ -15,49 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from planner.checkpointing import op_units
 from planner.graph import LOGITS_NODES, LayerGraph
-from planner.memory_types import CATEGORIES, Category, PeakPoint, Phase, TraceEvent
+from planner.memory_types import CATEGORIES, Live, Phase
 from planner.ops.base import LayerCost
 
 _PARAMS, _GRADS, _OPTIMIZER, _DATA, _ACTIVATIONS, _LOGITS, _TEMPORARIES = range(len(CATEGORIES))
-
-
-class Live:
-    """Live bytes per category (list index), with the peak and where it happened."""
-
-    def __init__(self, record_trace: bool = False) -> None:
-        self.by_category = [0] * len(CATEGORIES)
-        self.total = 0
-        self.peak: PeakPoint | None = None
-        self.peak_bytes = -1
-        self.micro_batch = 0
-        self.trace: list[TraceEvent] | None = [] if record_trace else None
-
-    def add(self, category: int, n_bytes: int) -> None:
-        self.by_category[category] += n_bytes
-        self.total += n_bytes
-
-    def reset_grads(self, n_bytes: int) -> None:
-        """After the first micro-batch: every parameter gradient exists."""
-        self.total += n_bytes - self.by_category[_GRADS]
-        self.by_category[_GRADS] = n_bytes
-
-    def observe(self, phase: Phase, op: str, temporaries: int = 0, logits: int = 0, event: str = "") -> None:
-        """A candidate peak: what is live now plus momentary bytes. ``op`` is the graph node the
-        moment belongs to; ``event`` names what happens there when it is not the op itself
-        (an FSDP2 all-gather before a block's first op)."""
-        total = self.total + temporaries + logits
-        if self.trace is not None:
-            self.trace.append(TraceEvent(self.micro_batch, phase, op, total))
-        if total > self.peak_bytes:
-            breakdown = dict(zip(CATEGORIES, self.by_category, strict=True))
-            breakdown[Category.TEMPORARIES] += temporaries
-            breakdown[Category.LOGITS] += logits
-            self.peak_bytes = total
-            self.peak = PeakPoint(total, phase, f"{op}: {event}" if event else op, self.micro_batch, breakdown)
-
-    def category_bytes(self, category: Category) -> int:
-        return self.by_category[CATEGORIES.index(category)]
 
 
 def recompute_span(costs: Sequence[LayerCost]) -> tuple[int, int | None]:
@@ -118,6 +81,9 @@ class Prepared:
         self.category = [_LOGITS if op.spec.name in LOGITS_NODES else _ACTIVATIONS for op in nodes]
         self.grad_category = [_LOGITS if c == _LOGITS else _TEMPORARIES for c in self.category]
         self.block = [op.spec.block for op in nodes]
+        self.kinds = [op.spec.kind for op in nodes]
+        self.extras_out = [op.cost.extras_are_outputs for op in nodes]
+        self.biases = [op.spec.bias for op in nodes]
         self.fwd_transient = [op.cost.fwd_transient_bytes for op in nodes]
         self.unsaved_transient = [op.cost.unsaved_fwd_transient_bytes for op in nodes]
         self.bwd_transient = [op.cost.bwd_transient_bytes for op in nodes]
@@ -162,7 +128,9 @@ class Walk:
         self.unit_grads = unit_grads
         self.grad_bytes: dict[str, int] = {}  # parameter gradients this walk allocated
         n = prep.n
-        self.unit = [units.get(b) if b is not None else None for b in prep.block]
+        # per op: its checkpoint unit, and whether per-op selective checkpointing keeps its output
+        # (held from the forward to the unit's recompute, which returns it instead of running it)
+        self.unit, self.cached = op_units(prep.kinds, prep.block, prep.biases, units)
         self.alive = [False] * n  # output tensor allocated
         self.holds = [0] * n  # backward users still holding a tensor
         self.release: list[list[int]] = [[] for _ in range(n)]  # node -> tensors it holds
@@ -216,7 +184,7 @@ class Walk:
     def _run_forward(self, members: list[int], phase: Phase, unit: int | None, scope: list[int] | None = None) -> None:
         """Run ``members``' forwards. A recompute counts the uses of the whole unit (``scope``):
         a module frame that ends beyond where the recompute stops holds its tensors until then."""
-        p, live, last = self.p, self.live, self.p.n - 1
+        p, live = self.p, self.live
         if phase is Phase.FORWARD:
             pending = dict(enumerate(p.full_pending))
         else:
@@ -231,6 +199,16 @@ class Walk:
         for i in members:
             hooks.before_forward(self, i)
             cat = p.category[i]
+            if recompute and self.cached[i]:  # SAC returns the kept output; the casts feeding it run again
+                if not p.extras_out[i]:
+                    live.add(cat, p.extras[i])
+                    self.extras_alive[i] = True
+                if p.copies[i]:
+                    live.add(_TEMPORARIES, p.copies[i])
+                    self.copies_alive[i] = True
+                self._hold_for_backward(i, unit)
+                self._end_uses(i, pending)
+                continue
             live.add(cat, p.out_bytes[i])
             self.alive[i] = True
             base = p.view_of[i]
@@ -239,7 +217,7 @@ class Walk:
             if p.copies[i]:
                 live.add(_TEMPORARIES, p.copies[i])
                 self.copies_alive[i] = True
-            if self.unit[i] is None or unit is not None:
+            if self.unit[i] is None or unit is not None or (self.cached[i] and p.extras_out[i]):
                 live.add(cat, p.extras[i])
                 self.extras_alive[i] = True
                 transient = p.fwd_transient[i]
@@ -249,17 +227,24 @@ class Walk:
                 transient = p.extras[i] + p.fwd_transient[i]
             live.observe(phase, p.names[i], transient)
             self._hold_for_backward(i, unit)
+            if self.cached[i] and not recompute:
+                self.holds[i] += 1  # SAC's cache holds it until the recompute
             if recompute:
                 self.recompute_flops += p.fwd_flops[i]
                 self.recomputed.append(i)
-            for t in p.users_by_op[i]:
-                if t in pending:
-                    pending[t] -= 1
-                    if pending[t] == 0 and self.holds[t] == 0 and t != last:
-                        self._free_tensor(t)
-            if pending[i] == 0 and self.holds[i] == 0 and i != last:
-                self._free_tensor(i)
+            self._end_uses(i, pending)
             hooks.after_forward(self, i)
+
+    def _end_uses(self, i: int, pending: dict[int, int]) -> None:
+        """Op i ran: the tensors it was the last forward user of die unless something holds them."""
+        last = self.p.n - 1
+        for t in self.p.users_by_op[i]:
+            if t in pending:
+                pending[t] -= 1
+                if pending[t] == 0 and self.holds[t] == 0 and t != last:
+                    self._free_tensor(t)
+        if pending[i] == 0 and self.holds[i] == 0 and i != last:
+            self._free_tensor(i)
 
     def forward(self) -> tuple[int, int]:
         p = self.p
@@ -283,6 +268,8 @@ class Walk:
         members = self.unit_members[u]
         ran, final = recompute_span([p.nodes[i].cost for i in members])
         self._run_forward(members[:ran], Phase.RECOMPUTE, u, scope=members)
+        if final is None and ran:
+            self.recompute_flops -= p.nodes[members[ran - 1]].cost.unrun_tail_flops
         if final is not None:
             stop = members[final]
             if p.copies[stop]:
@@ -295,8 +282,14 @@ class Walk:
                 if p.saved_slots[stop][slot]:
                     self.release[stop].append(t)
                     self.holds[t] += 1
+        for position, i in enumerate(members):  # SAC's cache hands its tensors over to the recomputed graph;
+            if self.cached[i]:  # one the recompute stopped short of stays cached until the unit's backward ends
+                if position < ran:
+                    self.holds[i] -= 1
+                else:
+                    self.release[members[0]].append(i)
         # the recompute stops: the unit's module frames unwind, and what only they held dies
-        unwound = [t for t, uses in self.pending.items() if uses]
+        unwound = [t for t, uses in self.pending.items() if uses or (self.cached[t] and not self.holds[t])]
         for t in unwound:
             self.pending[t] = 0
         for t in unwound:

@@ -21,6 +21,7 @@ from hardware.profile import HardwareProfile
 from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes, parse_bytes
 from hardware.validation import describe_validation_error
+from planner.checkpointing import CheckpointPolicy, SaveList, parse_save_list
 from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import estimate
@@ -139,6 +140,8 @@ def plan(
     sequence_parallel: bool = True,
     on_stage: Callable[[str], None] | None = None,
     cp: int | None = None,
+    checkpoint_policy: str | CheckpointPolicy | None = None,
+    save_list: str | SaveList | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
@@ -149,7 +152,10 @@ def plan(
     context-parallel ranks). ``fsdp_grad_sync`` ("every" or "last") is how ZeRO-2/3 plans
     accumulate gradients; it is fixed, not searched.
 
-    ``checkpoint`` is ``"none"``, ``"all"``, ``"0,2,5-9"`` or a list of block indices. Raises
+    ``checkpoint`` is ``"none"``, ``"all"``, ``"0,2,5-9"`` or a list of block indices, checkpointed
+    with ``checkpoint_policy`` ("full", "attention" or "ops"; searched over the policies worth
+    trying when None), "ops" keeping ``save_list`` (torchtitan's by default, or a comma list of
+    matmul, attention, reduce_scatter). Raises
     ``InfeasibleError`` (exit code 1 on the command line) when nothing fits, with the smallest
     plan found and what would make it fit. ``on_trial(done, planned)`` follows the search's
     trials, ``on_stage(text)`` names each longer step without trials (the smallest plan and the
@@ -157,6 +163,8 @@ def plan(
     """
     hw = load_hardware(hardware)
     cap = hbm_cap(hw, hbm)
+    ckpt_policy = _checkpoint_policy(checkpoint_policy)
+    saved = save_list if isinstance(save_list, SaveList) else parse_save_list(save_list or "torchtitan")
     policies = _policies(precisions)
     blocks = _checkpoint_blocks(checkpoint, model.n_layers)
     parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=max(gpus_per_node, 1))
@@ -188,6 +196,8 @@ def plan(
             grad_accum_steps=per_rank // micro_batch_size,
             precision=policies[0],
             checkpoint_blocks=blocks,
+            checkpoint_policy=ckpt_policy or CheckpointPolicy.FULL,
+            save_list=saved,
             parallel=layout,
             fsdp_grad_sync=grad_sync,
         )
@@ -198,7 +208,7 @@ def plan(
 
     space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, gpus_per_node,
                         zero_stage, grad_sync, tensor_parallel=tp, sequence_parallel=sequence_parallel,
-                        context_parallel=cp)
+                        context_parallel=cp, checkpoint_policy=ckpt_policy, save_list=saved)
     if sampler not in {k.value for k in SamplerKind}:
         raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {', '.join(k.value for k in SamplerKind)}")
     try:
@@ -268,6 +278,17 @@ def validate(
 
     return shown_validation(run_validation(plan, mode=mode, device=device, steps=steps, hardware=hardware,
                                            progress=progress))
+
+
+def _checkpoint_policy(value: str | CheckpointPolicy | None) -> CheckpointPolicy | None:
+    """``--checkpoint-policy``, checked."""
+    if value is None or isinstance(value, CheckpointPolicy):
+        return value
+    try:
+        return CheckpointPolicy(value.strip().lower())
+    except ValueError:
+        choices = ", ".join(p.value for p in CheckpointPolicy)
+        raise ConfigError(f"--checkpoint-policy: {value!r} is not a policy; use {choices}") from None
 
 
 def _policies(precisions: Sequence[str] | str | None) -> tuple[PrecisionPolicy, ...] | None:

@@ -31,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "like fp32; bf16-true and fp8-mixed change numerics and are searched only when named)")
     p.add_argument("--checkpoint", default=None,
                    help="blocks to checkpoint: none, all, or indices like 0,2,5-9 (solved exactly if omitted)")
+    p.add_argument("--checkpoint-policy", default=None, metavar="{full,attention,ops}",
+                   help="how checkpointed blocks are checkpointed: the whole block, the attention core alone "
+                        "(Korthikanti's selective recompute), or per op keeping --save-list's outputs (torchtitan's "
+                        "selective op AC); searched if omitted")
+    p.add_argument("--save-list", default="torchtitan",
+                   help="with --checkpoint-policy ops: torchtitan (every second matmul, SDPA, reduce-scatter; the "
+                        "default) or a comma list of matmul, attention, reduce_scatter (every one kept)")
     p.add_argument("--attention", choices=("flash", "eager"), default=None, help="attention implementation")
     p.add_argument("--dropout", type=float, default=None, help="dropout probability")
     p.add_argument("--optimizer", choices=("adamw", "sgd-momentum", "sgd"), default=None)
@@ -156,6 +163,8 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             fsdp_grad_sync=args.fsdp_grad_sync,
             tp=args.tp,
             cp=args.cp,
+            checkpoint_policy=args.checkpoint_policy,
+            save_list=args.save_list,
             sequence_parallel=not args.no_sequence_parallel,
         )
     except InfeasibleError as error:

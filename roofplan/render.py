@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hardware.units import format_bytes, format_count
+from planner.checkpointing import CheckpointPolicy
 from planner.knobs import Knobs
 from planner.memory import Category
 from planner.optimizer import optimizer_spec
@@ -81,6 +82,15 @@ def notes(result: PlanResult) -> list[Text]:
     return lines
 
 
+def _checkpoint_how(k: Knobs) -> str:
+    """How the checkpointed blocks are checkpointed, for the configuration table."""
+    if k.checkpoint_segments:
+        return f", in {len(k.checkpoint_segments)} segments"
+    return {CheckpointPolicy.FULL: ", whole blocks",
+            CheckpointPolicy.ATTENTION: ", the attention core only (selective recompute)",
+            CheckpointPolicy.OPS: f", per op keeping {k.save_list.label}"}[k.checkpoint_policy]
+
+
 def _title(result: PlanResult) -> Text:
     t = result.training
     gpus = result.best.knobs.parallel.world_size
@@ -109,7 +119,8 @@ def knobs_table(result: PlanResult) -> Table:
     table.add_row("precision", how)
     blocks = sorted(k.checkpointed)
     ckpt = "none" if not blocks else ("all" if len(blocks) == n_layers else ",".join(map(str, blocks)))
-    table.add_row("activation checkpointing", f"{len(blocks)} of {n_layers} blocks ({ckpt})")
+    how = _checkpoint_how(k) if blocks else ""
+    table.add_row("activation checkpointing", f"{len(blocks)} of {n_layers} blocks ({ckpt}){how}")
     t = result.training
     table.add_row("optimizer", f"{t.optimizer.value} ({t.optimizer_impl.value})")
     dims = k.parallel

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from hardware.profile import HardwareProfile
+from planner.checkpointing import CheckpointPolicy, modelled_with_context_parallelism
 from planner.config import ModelConfig, TrainConfig
 from planner.estimate import (
     check_knobs,
@@ -68,8 +69,9 @@ def _per_block_curve(
     """For k = 0..L checkpointed blocks: the lowest peak and a placement reaching it (``graph``:
     the point's rank graph)."""
     static = static_for(graph, hw, training, base)
+    policy, save = base.checkpoint_policy, base.save_list
     try:
-        profile = placement_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed)
+        profile = placement_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed, policy, save)
         return profile.min_peak_by_count()
     except NotDecomposableError:
         pass
@@ -79,7 +81,7 @@ def _per_block_curve(
         tuple(1 if i < k else 0 for i in range(n)) for k in range(n + 1)  # earliest-first when too many
     )
     for bits in statuses:
-        units = checkpoint_units(n, [i for i, b in enumerate(bits) if b])
+        units = checkpoint_units(n, [i for i, b in enumerate(bits) if b], (), policy, save)
         peak = simulate_step(graph, static, hw.round_alloc, units, base.schedule).peak.bytes
         k = sum(bits)
         if k not in best or peak < best[k][0]:
@@ -105,15 +107,17 @@ def evaluate(
     prune: bool = True,
     gpus_per_node: int = 8,
     beat_s: float | None = None,
+    policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,),
 ) -> Evaluation:
     """The fastest plan at this point (``base``: its micro-batch, precision and layout,
-    checkpointing nothing) that fits ``cap_bytes`` (or the smallest one if none fits).
+    checkpointing nothing) that fits ``cap_bytes`` (or the smallest one if none fits), each
+    checkpoint ``policies`` solved exactly for its placement.
 
     With ``prune``, a point whose lower bound already exceeds the cap is not walked at all, nor
     one whose step time without recompute or communication (what every placement of it takes at
     least) is above ``beat_s``, the fastest plan found so far: neither can be the answer."""
     if fixed_checkpoint is not None:
-        knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
+        knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
         est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
         point = ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs)
         return Evaluation(chosen=point, points=(point,), cap_bytes=cap_bytes)
@@ -128,35 +132,27 @@ def evaluate(
         point = ParetoPoint(step_time_s=no_recompute.step_time_s, device_bytes=floor, knobs=base)
         return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
     fwd_s = dict(zip(times.names, times.fwd_s, strict=True))
-    # a step's time is additive in the forward time each checkpointed block runs again
-    rerun_s = [
-        base.schedule.count(Phase.BACKWARD)
-        * sum(fwd_s[name] for name in recomputed_ops(graph, checkpoint_units(model.n_layers, (b,))))
-        for b in range(model.n_layers)
-    ]
-    points: list[ParetoPoint] = []
-    every = tuple(range(model.n_layers))
     static = static_for(graph, hw, training, base)
-    all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, every),
-                             base.schedule, record_trace=True)
-    all_peak = all_walk.peak.bytes
-    if device_bytes(all_peak, hw) <= cap_bytes:
-        curve = _per_block_curve(model, training, hw, base, graph, all_walk)
-    else:  # not even every block checkpointed fits: no per-block placement can
-        curve = [(all_peak, (1,) * model.n_layers)]
-    for peak, placement in curve:
-        blocks = tuple(i for i, s in enumerate(placement) if s)
-        rerun = sum(rerun_s[b] for b in blocks)
-        time = no_recompute.model_copy(update={"recompute_s": rerun, "step_time_s": no_recompute.step_time_s + rerun})
-        knobs = base.model_copy(update={"checkpoint_blocks": blocks})
-        step_s = with_communication(graph, hw, knobs, gpus_per_node, time).step_time_s
-        points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(peak, hw), knobs=knobs))
+    points: list[ParetoPoint] = []
+    all_peak = None
+    for policy in policies:  # a policy whose plan without checkpointing fits needs no other
+        if any(p.device_bytes <= cap_bytes and not p.knobs.checkpoint_blocks for p in points):
+            break
+        if not modelled_with_context_parallelism(policy, base.parallel.cp):
+            continue
+        knobs = base.model_copy(update={"checkpoint_policy": policy})
+        peak, placed = _policy_points(model, training, hw, knobs, graph, static, fwd_s, no_recompute, cap_bytes,
+                                      gpus_per_node)
+        points += placed
+        if policy is CheckpointPolicy.FULL:
+            all_peak = peak
     fitting = [p for p in points if p.device_bytes <= cap_bytes]
     # segments keep one input per segment instead of one per block: at best they save all but
     # one block input; skip them when even that cannot reach the cap
     block_input = hw.round_alloc(graph.node("blocks.0.attn_norm").cost.output.n_bytes)
-    best_case = device_bytes(all_peak - (model.n_layers - 1) * block_input, hw)
-    if not fitting and allow_segments and strategy_for(base.parallel).allows_segments and best_case <= cap_bytes:
+    best_case = device_bytes(all_peak - (model.n_layers - 1) * block_input, hw) if all_peak is not None else None
+    if (not fitting and allow_segments and strategy_for(base.parallel).allows_segments and best_case is not None
+            and best_case <= cap_bytes):
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})
             est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
@@ -169,6 +165,38 @@ def evaluate(
     return Evaluation(chosen=chosen, points=tuple(points), cap_bytes=cap_bytes)
 
 
+def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs, graph: LayerGraph,
+                   static: object, fwd_s: dict[str, float], no_recompute: object, cap_bytes: int,
+                   gpus_per_node: int) -> tuple[int, list[ParetoPoint]]:
+    """The exact placements of ``knobs``' checkpoint policy, one per count of checkpointed blocks
+    (a step's time is additive in the forward time each checkpointed block's policy runs again),
+    and the peak with every block checkpointed."""
+    n = model.n_layers
+    policy, save = knobs.checkpoint_policy, knobs.save_list
+    rerun_s = [
+        knobs.schedule.count(Phase.BACKWARD)
+        * sum(fwd_s[name] for name in recomputed_ops(graph, checkpoint_units(n, (b,), (), policy, save)))
+        for b in range(n)
+    ]
+    all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(n, tuple(range(n)), (), policy, save),  # type: ignore[arg-type]
+                             knobs.schedule, record_trace=True)
+    all_peak = all_walk.peak.bytes
+    if device_bytes(all_peak, hw) <= cap_bytes:
+        curve = _per_block_curve(model, training, hw, knobs, graph, all_walk)
+    else:  # not even every block checkpointed fits: no per-block placement can
+        curve = [(all_peak, (1,) * n)]
+    points = []
+    for peak, placement in curve:
+        blocks = tuple(i for i, s in enumerate(placement) if s)
+        rerun = sum(rerun_s[b] for b in blocks)
+        time = no_recompute.model_copy(  # type: ignore[attr-defined]
+            update={"recompute_s": rerun, "step_time_s": no_recompute.step_time_s + rerun})  # type: ignore[attr-defined]
+        placed = knobs.model_copy(update={"checkpoint_blocks": blocks})
+        step_s = with_communication(graph, hw, placed, gpus_per_node, time).step_time_s
+        points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(peak, hw), knobs=placed))
+    return all_peak, points
+
+
 def least_memory_at(
     model: ModelConfig,
     training: TrainConfig,
@@ -177,21 +205,28 @@ def least_memory_at(
     fixed_checkpoint: tuple[int, ...] | None = None,
     allow_segments: bool = True,
     gpus_per_node: int = 8,
+    policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,),
 ) -> tuple[Knobs, int]:
     """The placement of ``base`` (micro-batch, precision, sharding) with the least peak allocated
     bytes, and that peak: the exact solver's lowest peak over every count of checkpointed blocks
-    (ties: fewer blocks, so less recompute) and every uniform segmentation the search may choose."""
+    of every policy (ties: the first policy, fewer blocks, so less recompute) and every uniform
+    segmentation the search may choose."""
     if fixed_checkpoint is not None:
-        knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint})
+        knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
         return knobs, estimate(model, training, hw, knobs, None, gpus_per_node).memory.peak_allocated_bytes
     spec = check_knobs(model, training, hw, base)
     graph = rank_graph(model, training, base, spec, gpus_per_node)
     static = static_for(graph, hw, training, base)
     every = tuple(range(model.n_layers))
-    all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, every),
-                             base.schedule, record_trace=True)
-    peak, placement = min(_per_block_curve(model, training, hw, base, graph, all_walk), key=lambda c: c[0])
-    options = [(peak, base.model_copy(update={"checkpoint_blocks": tuple(i for i, s in enumerate(placement) if s)}))]
+    options: list[tuple[int, Knobs]] = []
+    for policy in [p for p in policies if modelled_with_context_parallelism(p, base.parallel.cp)]:
+        knobs = base.model_copy(update={"checkpoint_policy": policy})
+        all_walk = simulate_step(graph, static, hw.round_alloc,
+                                 checkpoint_units(model.n_layers, every, (), policy, knobs.save_list),
+                                 base.schedule, record_trace=True)
+        peak, placement = min(_per_block_curve(model, training, hw, knobs, graph, all_walk), key=lambda c: c[0])
+        options.append((peak, knobs.model_copy(
+            update={"checkpoint_blocks": tuple(i for i, s in enumerate(placement) if s)})))
     if allow_segments and strategy_for(base.parallel).allows_segments:  # as the search
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})

@@ -17,7 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from hardware.profile import HardwareProfile
-from planner.config import ModelConfig, TrainConfig
+from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
+from planner.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.knobs import GradSync, Knobs
 from planner.parallel import MODELLED_STAGES, zero_stages
@@ -63,6 +64,10 @@ class SearchSpace(BaseModel):
     gpus_per_node: int = 8
     fixed_checkpoint: tuple[int, ...] | None = None
     allow_segments: bool = True
+    # checkpoint policies tried at every point (solved, not sampled: planner.checkpointing), the
+    # per-op policy keeping ``save_list``
+    checkpoint_policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,)
+    save_list: SaveList = TORCHTITAN_SAVE_LIST
 
     # --- the dimensions -------------------------------------------------------------------
     @property
@@ -143,6 +148,7 @@ class SearchSpace(BaseModel):
             precision=PrecisionPolicy(point[PRECISION]),
             parallel=layout,
             fsdp_grad_sync=self.fsdp_grad_sync if layout.shards_parameters else GradSync.EVERY,
+            save_list=self.save_list,
         )
 
     # --- where the search starts and how it polishes ---------------------------------------
@@ -197,6 +203,14 @@ def _plain(value: Any) -> Choice:
 
 def divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def default_checkpoint_policies(model: ModelConfig) -> tuple[CheckpointPolicy, ...]:
+    """Whole blocks, and torchtitan's per-op policy; the attention core alone (Korthikanti's
+    selective recompute) only where it keeps something worth recomputing: eager attention's
+    T x T scores (flash attention saves a log-sum-exp, and rerunning it costs a whole kernel)."""
+    policies = (CheckpointPolicy.FULL, CheckpointPolicy.OPS)
+    return policies + ((CheckpointPolicy.ATTENTION,) if model.attention is AttentionImpl.EAGER else ())
 
 
 def layout_degrees(model: ModelConfig, training: TrainConfig, gpus: int, gpus_per_node: int, fixed_tp: int | None,
@@ -259,12 +273,20 @@ def build_space(
     tensor_parallel: int | None = 1,
     sequence_parallel: bool = True,
     context_parallel: int | None = 1,
+    checkpoint_policy: CheckpointPolicy | None = None,
+    save_list: SaveList = TORCHTITAN_SAVE_LIST,
 ) -> SearchSpace:
     """The space: the layout (ZeRO stage, tensor- and context-parallel degrees on several GPUs),
     micro-batches that divide each data-parallel rank's share of the global batch (accumulation
     derived), the precisions the device runs; a knob given is fixed (``tensor_parallel`` or
     ``context_parallel`` None: searched)."""
     stages = zero_stages(training, gpus, gpus_per_node, zero_stage)
+    if checkpoint_policy is CheckpointPolicy.OPS and context_parallel != 1:
+        if context_parallel is not None:
+            raise ConfigError("--checkpoint-policy: per-op selective checkpointing under context parallelism is not "
+                              "modelled; use full or attention with --cp, or --cp 1")
+        context_parallel = 1  # the only degree the fixed policy runs with
+    rebuilt = (checkpoint_policy,) if checkpoint_policy is not None else default_checkpoint_policies(model)
     tps, cps = layout_degrees(model, training, gpus, gpus_per_node, tensor_parallel, context_parallel,
                               sequence_parallel)
     shares = {training.global_batch_size * tp * cp // gpus for tp in tps for cp in cps
@@ -302,7 +324,7 @@ def build_space(
         return SearchSpace(dimensions=dimensions, world_size=gpus, global_batch_size=training.global_batch_size,
                            gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks,
                            allow_segments=allow_segments, fsdp_grad_sync=fsdp_grad_sync,
-                           sequence_parallel=sequence_parallel)
+                           sequence_parallel=sequence_parallel, checkpoint_policies=rebuilt, save_list=save_list)
 
     space = space_of(chosen)
     runnable = tuple(p for p in chosen if any(point[PRECISION] == p.value for point in space.points()))

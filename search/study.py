@@ -211,7 +211,7 @@ def run_search(
         if key not in evaluations:
             ev = evaluate(model, training, hw, cap_bytes, space.knobs_at(training, point), space.fixed_checkpoint,
                           space.allow_segments, gpus_per_node=space.gpus_per_node,
-                          beat_s=fastest[0] if bound else None)
+                          beat_s=fastest[0] if bound else None, policies=space.checkpoint_policies)
             if ev.fits and not ev.pruned:
                 fastest[0] = min(fastest[0], ev.chosen.step_time_s)
             evaluations[key] = ev

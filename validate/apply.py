@@ -31,6 +31,7 @@ from planner.config import OptimizerImpl, OptimizerKind, TrainConfig
 from planner.knobs import GradSync, Knobs
 from planner.parallel_dims import Sharding
 from planner.precision import PrecisionSpec
+from validate.checkpoint import apply_checkpointing
 from validate.parallelize import loss_context
 from validate.reference_model import Transformer
 
@@ -42,7 +43,7 @@ def param_dtype(spec: PrecisionSpec) -> torch.dtype:
 
 
 def configure_model(model: Transformer, knobs: Knobs) -> Transformer:
-    model.set_checkpointing(frozenset(knobs.checkpoint_blocks), tuple(knobs.checkpoint_segments))
+    apply_checkpointing(model, knobs)
     model.train()
     return model
 

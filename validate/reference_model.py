@@ -19,6 +19,8 @@ Memory-relevant choices are deliberate and mirrored by the planner's cost formul
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,8 +87,16 @@ class AttentionCore(nn.Module):
         self.dropout = config.dropout
         self.groups = config.n_heads // config.kv_heads
         self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.checkpointed = False  # Korthikanti's selective recompute: this core alone under checkpoint
 
     def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self.checkpointed and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self._attend, q, k, v, mask, use_reentrant=False)
+        return self._attend(q, k, v, mask)
+
+    def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         p_drop = self.dropout if self.training else 0.0
@@ -209,8 +219,10 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.apply(_init_weights)
         # Checkpoint units (first, last): blocks first..last run under one non-reentrant
-        # torch.utils.checkpoint; set by the plan (see ``set_checkpointing``).
+        # torch.utils.checkpoint; set by the plan (see ``set_checkpointing``), with
+        # ``checkpoint_context`` as its context_fn (per-op selective checkpointing) if set.
         self.checkpoint_units: tuple[tuple[int, int], ...] = ()
+        self.checkpoint_context: Callable[[], Any] | None = None
 
     @property
     def checkpoint_blocks(self) -> frozenset[int]:
@@ -266,7 +278,12 @@ class Transformer(nn.Module):
         while index < len(self.blocks):
             if index in units:
                 last = units[index]
-                x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, mask, use_reentrant=False)
+                if self.checkpoint_context is not None:
+                    x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, mask,
+                                                          use_reentrant=False, context_fn=self.checkpoint_context)
+                else:
+                    x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, mask,
+                                                          use_reentrant=False)
                 index = last + 1
             else:
                 x = self.blocks[index](x, rope, mask)

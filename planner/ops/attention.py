@@ -85,6 +85,7 @@ def flash_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         saves_inputs=tuple(True for _ in ctx.inputs),
         saves_output=True,
         saved_extra_bytes=(bnt * 4,),
+        extras_are_outputs=True,  # the log-sum-exp: the kernel's second output
         bwd_transient_bytes=bwd_transient,
     )
 
@@ -164,12 +165,28 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         output=out,
         saves_inputs=tuple(False for _ in qkv) + (True,),
         saved_extra_bytes=tuple(extras),
+        # a recompute that ends here (the core checkpointed alone) stops before p @ v: the matmul
+        # packs its inputs, the last thing saved, before its kernel runs
+        unrun_tail_flops=flops / 2,
         fwd_transient_bytes=seq.transient_over(final),
         unsaved_fwd_transient_bytes=bare.transient_over(out.n_bytes),
-        # grad of the head merge, then the probs grad and the softmax grad coexist (under autocast
-        # both are fp32 while the low-precision probs grad has already been freed)
-        bwd_transient_bytes=max(operand, p_bytes) + s_bytes,
+        bwd_transient_bytes=max(0, _eager_backward_peak(operand, s_bytes, p_bytes, drop, low is not None)
+                                - sum(t.n_bytes for t in qkv)),
     )
+
+
+def _eager_backward_peak(operand: int, s_bytes: int, p_bytes: int, dropout: bool, autocast: bool) -> int:
+    """The eager core's backward peak above what exists when it starts (its saved tensors and the
+    output gradient): the head merge's gradient made contiguous, dv and the probabilities'
+    gradient (2 x operand + s); then, as autograd frees each node's saved tensors behind it, the
+    softmax's fp32 gradient beside the low-precision one under autocast (p + s + operand), or the
+    softmax's input and output gradients in fp32 without dropout (2p). Measured with the
+    live-storage tracker on 16 shapes (T 128/512, head dim 32/128, with and without dropout,
+    fp32 and bf16 autocast): equal to the byte."""
+    peak = 2 * operand + s_bytes
+    if autocast:
+        return max(peak, p_bytes + s_bytes + operand)
+    return peak if dropout else max(peak, 2 * p_bytes)
 
 
 def _ring_peaks(u: int, w: int, lse: int, cp: int, low_precision: bool) -> tuple[int, int]:
@@ -269,6 +286,7 @@ def ring_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         output=out,
         saves_inputs=tuple(True for _ in ctx.inputs),
         saved_extra_bytes=(u, lse),
+        extras_are_outputs=True,  # the SDPA call's merged output and log-sum-exp
         fwd_transient_bytes=max(0, forward - (2 * u + lse)),
         unsaved_fwd_transient_bytes=max(0, forward - u),
         bwd_transient_bytes=max(0, backward - (u + 2 * w)),

@@ -169,6 +169,7 @@ class LayerCost(BaseModel):
     saves_inputs: tuple[bool, ...] = ()
     saves_output: bool = False
     saved_extra_bytes: tuple[int, ...] = ()  # tensors the op creates and keeps for backward
+    extras_are_outputs: bool = False  # those extras are outputs of its kernel (SAC's cache keeps them)
     autocast_copy_bytes: tuple[int, ...] = ()  # autocast's cached low-precision weight copies
     fwd_transient_bytes: int = 0  # beyond inputs, output and extras, at the op's forward peak
     # beyond inputs and output when the op runs inside a checkpointed unit (nothing is saved,
@@ -182,6 +183,9 @@ class LayerCost(BaseModel):
     # everything the op saves exists before its kernel runs (a matmul saves its inputs, not its
     # output): a checkpoint recompute that ends on this op stops before running it
     saves_before_compute: bool = False
+    # of fwd_flops: what a recompute that ends on this op does not run again (a composite op whose
+    # last matmul packs its inputs before running)
+    unrun_tail_flops: float = 0.0
 
     def saves_input(self, position: int) -> bool:
         return position < len(self.saves_inputs) and self.saves_inputs[position]
