@@ -37,6 +37,7 @@ __all__ = [
     "TraceEvent",
     "checkpoint_units",
     "recompute_span",
+    "recomputed_by_unit",
     "recomputed_ops",
     "simulate_step",
     "static_memory",
@@ -61,6 +62,11 @@ def checkpoint_units(n_layers: int, blocks: Sequence[int] | frozenset[int], segm
 def recomputed_ops(graph: LayerGraph, units: dict[int, int]) -> frozenset[str]:
     """Names of the ops whose forward kernels run again in backward for this placement (under
     per-op selective checkpointing, not the ops whose outputs were kept)."""
+    return frozenset().union(*recomputed_by_unit(graph, units).values())
+
+
+def recomputed_by_unit(graph: LayerGraph, units: dict[int, int]) -> dict[int, frozenset[str]]:
+    """Checkpoint unit -> the names of its ops that run again in backward."""
     nodes = graph.nodes
     unit, cached = op_units([op.spec.kind for op in nodes], [op.spec.block for op in nodes],
                             [op.spec.bias for op in nodes], units)
@@ -68,11 +74,11 @@ def recomputed_ops(graph: LayerGraph, units: dict[int, int]) -> frozenset[str]:
     for position, u in enumerate(unit):
         if u is not None:
             members.setdefault(u, []).append(position)
-    names: set[str] = set()
-    for positions in members.values():
+    out = {}
+    for u, positions in members.items():
         ran, _ = recompute_span([nodes[i].cost for i in positions])
-        names.update(graph.order[i] for i in positions[:ran] if not cached[i])
-    return frozenset(names)
+        out[u] = frozenset(graph.order[i] for i in positions[:ran] if not cached[i])
+    return out
 
 
 def static_memory(

@@ -149,10 +149,11 @@ def placement_profile(
     all_checkpointed: Timeline | None = None,
     policy: CheckpointPolicy = CheckpointPolicy.FULL,
     save: SaveList = TORCHTITAN_SAVE_LIST,
+    plain: Timeline | None = None,
 ) -> PlacementProfile:
     """Measure the terms with three walks (no block, block 0 only, every block checkpointed with
     ``policy``) and check, event by event, that every block of each walk is what the terms
-    predict."""
+    predict. ``plain``: the walk without checkpointing (with its trace), if the caller has it."""
     n = graph.model.n_layers
     if n < MIN_BLOCKS:
         raise NotDecomposableError(f"{n} blocks: enumerate the placements instead")
@@ -160,6 +161,8 @@ def placement_profile(
     for name, placed in (("none", ()), ("first", (0,)), ("all", tuple(range(n)))):
         if name == "all" and all_checkpointed is not None and all_checkpointed.trace:
             timeline = all_checkpointed  # the caller already walked it
+        elif name == "none" and plain is not None and plain.trace:
+            timeline = plain  # no block checkpointed: the same walk for every policy
         else:
             timeline = simulate_step(graph, static, round_bytes,  # type: ignore[arg-type]
                                      checkpoint_units(n, placed, (), policy, save), schedule, record_trace=True)

@@ -30,7 +30,7 @@ from planner.estimate import (
 )
 from planner.graph import LayerGraph
 from planner.knobs import Knobs
-from planner.memory import Phase, Timeline, checkpoint_units, recomputed_ops, simulate_step
+from planner.memory import Phase, Timeline, checkpoint_units, recomputed_by_unit, simulate_step
 from planner.placement import NotDecomposableError, placement_profile
 from planner.results import ParetoPoint
 from planner.strategies import strategy_for
@@ -64,14 +64,19 @@ class Evaluation:
 
 def _per_block_curve(
     model: ModelConfig, training: TrainConfig, hw: HardwareProfile, base: Knobs, graph: LayerGraph,
-    all_checkpointed: Timeline,
+    all_checkpointed: Timeline, walks: dict[str, Timeline] | None = None,
 ) -> list[tuple[int, tuple[int, ...]]]:
     """For k = 0..L checkpointed blocks: the lowest peak and a placement reaching it (``graph``:
-    the point's rank graph)."""
+    the point's rank graph; ``walks`` keeps the walk without checkpointing for the next policy)."""
     static = static_for(graph, hw, training, base)
     policy, save = base.checkpoint_policy, base.save_list
+    walks = {} if walks is None else walks
+    if "plain" not in walks:
+        walks["plain"] = simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, ()),
+                                       base.schedule, record_trace=True)
     try:
-        profile = placement_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed, policy, save)
+        profile = placement_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed, policy, save,
+                                    walks["plain"])
         return profile.min_peak_by_count()
     except NotDecomposableError:
         pass
@@ -135,6 +140,7 @@ def evaluate(
     static = static_for(graph, hw, training, base)
     points: list[ParetoPoint] = []
     all_peak = None
+    walks: dict[str, Timeline] = {}  # the walk without checkpointing, shared by the policies
     for policy in policies:  # a policy whose plan without checkpointing fits needs no other
         if any(p.device_bytes <= cap_bytes and not p.knobs.checkpoint_blocks for p in points):
             break
@@ -142,7 +148,7 @@ def evaluate(
             continue
         knobs = base.model_copy(update={"checkpoint_policy": policy})
         peak, placed = _policy_points(model, training, hw, knobs, graph, static, fwd_s, no_recompute, cap_bytes,
-                                      gpus_per_node)
+                                      gpus_per_node, walks)
         points += placed
         if policy is CheckpointPolicy.FULL:
             all_peak = peak
@@ -167,22 +173,20 @@ def evaluate(
 
 def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs, graph: LayerGraph,
                    static: object, fwd_s: dict[str, float], no_recompute: object, cap_bytes: int,
-                   gpus_per_node: int) -> tuple[int, list[ParetoPoint]]:
+                   gpus_per_node: int, walks: dict[str, Timeline]) -> tuple[int, list[ParetoPoint]]:
     """The exact placements of ``knobs``' checkpoint policy, one per count of checkpointed blocks
     (a step's time is additive in the forward time each checkpointed block's policy runs again),
     and the peak with every block checkpointed."""
     n = model.n_layers
     policy, save = knobs.checkpoint_policy, knobs.save_list
-    rerun_s = [
-        knobs.schedule.count(Phase.BACKWARD)
-        * sum(fwd_s[name] for name in recomputed_ops(graph, checkpoint_units(n, (b,), (), policy, save)))
-        for b in range(n)
-    ]
+    # every block its own unit: what each one's recompute runs
+    rerun = recomputed_by_unit(graph, checkpoint_units(n, tuple(range(n)), (), policy, save))
+    rerun_s = [knobs.schedule.count(Phase.BACKWARD) * sum(fwd_s[name] for name in rerun.get(b, ())) for b in range(n)]
     all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(n, tuple(range(n)), (), policy, save),  # type: ignore[arg-type]
                              knobs.schedule, record_trace=True)
     all_peak = all_walk.peak.bytes
     if device_bytes(all_peak, hw) <= cap_bytes:
-        curve = _per_block_curve(model, training, hw, knobs, graph, all_walk)
+        curve = _per_block_curve(model, training, hw, knobs, graph, all_walk, walks)
     else:  # not even every block checkpointed fits: no per-block placement can
         curve = [(all_peak, (1,) * n)]
     points = []
