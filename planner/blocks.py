@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind
+from planner.implementations import adapt
 from planner.ops.base import OpKind, ParamTensor
 
 
@@ -156,7 +157,8 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
 
 @lru_cache(maxsize=64)
 def describe(model: ModelConfig) -> ModelDesc:
-    """The whole model: embedding, positions, the blocks, final norm, LM head, loss."""
+    """The whole model: embedding, positions, the blocks, final norm, LM head, loss, as
+    ``model.implementation`` runs it (``planner.implementations.adapt``)."""
     m = model
     ops: list[OpDesc] = []
     holds: list[tuple[str, str]] = []
@@ -195,4 +197,4 @@ def describe(model: ModelConfig) -> ModelDesc:
     for shared in (rope, mask):  # locals of Transformer.forward: alive for the whole forward
         if shared is not None:
             holds.append((shared, loss))
-    return ModelDesc(ops=tuple(ops), held_until=tuple(holds))
+    return adapt(ModelDesc(ops=tuple(ops), held_until=tuple(holds)), model)

@@ -42,6 +42,33 @@ class AttentionImpl(StrEnum):
     EAGER = "eager"  # matmul, softmax, dropout, matmul: saves the T x T probabilities
 
 
+class Implementation(StrEnum):
+    """Whose code runs the model: each allocates differently (``planner.implementations`` says how,
+    from that library's source at a named version)."""
+
+    REFERENCE = "reference"  # validate/reference_model.py
+    HF = "hf"  # transformers' modeling_gpt2/llama/mistral/qwen2.py (transformers 5.24.0)
+    TORCHTITAN = "torchtitan"  # torchtitan 0.3.0's Llama3Model (family llama only)
+
+
+class Activation(StrEnum):
+    """The MLP's activation as an implementation computes it (transformers' ACT2FN names)."""
+
+    GELU_PYTORCH_TANH = "gelu_pytorch_tanh"  # F.gelu(approximate="tanh"): one fused kernel, saves its input
+    GELU = "gelu"  # F.gelu (exact erf): one fused kernel, saves its input
+    GELU_NEW = "gelu_new"  # transformers' NewGELUActivation: the tanh formula written out in Python
+    GELU_FAST = "gelu_fast"  # transformers' FastGELUActivation: written out in Python
+    SILU = "silu"  # the gate of a SwiGLU MLP
+
+
+class LossKind(StrEnum):
+    """How the LM head and the cross-entropy run (``planner.ops.losses`` prices each)."""
+
+    PLAIN = "plain"  # the whole (B, T, V) logits, upcast to fp32, one F.cross_entropy
+    CHUNKED = "chunked"  # torchtitan 0.3.0's ChunkedLossWrapper: lm_head + loss + backward per sequence chunk
+    FUSED_LINEAR = "fused-linear"  # Liger-Kernel's fused linear cross-entropy: token chunks, no logits kept
+
+
 class OptimizerKind(StrEnum):
     ADAMW = "adamw"
     SGD_MOMENTUM = "sgd-momentum"
@@ -109,6 +136,21 @@ class ModelConfig(BaseModel):
                     "hardware profile says PyTorch's SDPA picks there. Prices time only; memory is the same",
     )
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout probability (embeddings, attention, residual)")
+    implementation: Implementation = Field(
+        default=Implementation.REFERENCE,
+        description="whose code runs the model: reference (roofplan's reference model), hf (transformers) or "
+                    "torchtitan; each saves different tensors (planner.implementations)")
+    activation: Activation | None = Field(
+        default=None,
+        description="the MLP's activation as the implementation computes it (transformers' names); default: the "
+                    "implementation's (hf GPT-2: gelu_new, GPT2Config's default; otherwise gelu_pytorch_tanh, or "
+                    "silu for SwiGLU). The reference model runs every GELU as the fused tanh kernel")
+    loss: LossKind | None = Field(
+        default=None,
+        description="plain, chunked (torchtitan's ChunkedLossWrapper) or fused-linear (Liger's fused linear "
+                    "cross-entropy); default: the implementation's (torchtitan chunked, the others plain)")
+    loss_chunks: PositiveInt | None = Field(
+        default=None, description="sequence chunks of the chunked loss (default 8, torchtitan 0.3.0's num_chunks)")
 
     @model_validator(mode="before")
     @classmethod
@@ -177,6 +219,38 @@ def shape_problems(values: Mapping[str, Any]) -> list[str]:
                         "add it to the model section")
     if positions in (PositionKind.ROTARY, PositionKind.ROTARY.value) and d and n and not d % n and (d // n) % 2:
         problems.append(f"rotary positions need an even head dim, got d_model/n_heads = {d // n}")
+    problems.extend(implementation_problems(values))
+    return problems
+
+
+_GELUS = frozenset({Activation.GELU_PYTORCH_TANH, Activation.GELU, Activation.GELU_NEW, Activation.GELU_FAST})
+
+
+def implementation_problems(values: Mapping[str, Any]) -> list[str]:
+    """What an implementation cannot run, and activations or losses that do not fit the model."""
+    def member(enum: type[StrEnum], key: str) -> Any:
+        try:
+            return enum(values.get(key)) if values.get(key) is not None else None
+        except ValueError:
+            return None  # the field's own validator names it
+
+    impl, act, loss = member(Implementation, "implementation"), member(Activation, "activation"), member(LossKind, "loss")
+    mlp = member(MlpKind, "mlp")
+    problems = []
+    if impl is Implementation.TORCHTITAN and values.get("family") not in (Family.LLAMA, Family.LLAMA.value):
+        problems.append(f"implementation: torchtitan is priced for family llama only (torchtitan 0.3.0's "
+                        f"Llama3Model), not {values.get('family')}; use implementation hf or reference")
+    if impl is Implementation.TORCHTITAN and (values.get("qkv_bias") or values.get("attn_out_bias")
+                                              or values.get("mlp_bias")):
+        problems.append("implementation: torchtitan's Llama3Model has no biases; set qkv_bias, attn_out_bias and "
+                        "mlp_bias to false or use implementation hf")
+    if act is not None and mlp is MlpKind.SWIGLU and act is not Activation.SILU:
+        problems.append(f"activation: {act.value} does not gate a SwiGLU MLP; use silu (or mlp: gelu)")
+    if act is not None and mlp is MlpKind.GELU and act not in _GELUS:
+        problems.append(f"activation: {act.value} is not a GELU; use one of {', '.join(sorted(a.value for a in _GELUS))}")
+    if values.get("loss_chunks") is not None and loss is not LossKind.CHUNKED and not (
+            loss is None and impl is Implementation.TORCHTITAN):
+        problems.append("loss_chunks: only the chunked loss has sequence chunks; set loss: chunked or drop loss_chunks")
     return problems
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from planner.blocks import ModelDesc, OpDesc, describe
 from planner.config import ModelConfig
-from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, ParamTensor, TensorInfo
+from planner.ops.base import HIDDEN_STATE_LOSSES, LayerCost, LayerSpec, OpContext, OpKind, ParamTensor, TensorInfo
 from planner.ops.catalog import cost_of
 from planner.precision import PrecisionSpec
 
@@ -166,7 +166,8 @@ class _Builder:
     def op(self, desc: OpDesc) -> None:
         """Instantiate one described op."""
         inputs = desc.inputs
-        if desc.kind is OpKind.CROSS_ENTROPY and self.output(inputs[0]).dtype.n_bytes != 4:
+        if (desc.kind is OpKind.CROSS_ENTROPY and self.output(inputs[0]).dtype.n_bytes != 4
+                and desc.field("variant") not in HIDDEN_STATE_LOSSES):  # those take hidden states
             # the reference model's loss upcasts low-precision logits first (``.float()``)
             inputs = (self.add(_spec(name="logits_cast", kind=OpKind.CAST, block=None), inputs),)
         spec = _spec(name=desc.name, kind=desc.kind, block=desc.block, params=desc.params, **dict(desc.fields))

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hardware.validation import describe_validation_error
-from planner.config import Family, MlpKind, ModelConfig, PositionKind
+from planner.config import Activation, Family, MlpKind, ModelConfig, PositionKind
 from planner.errors import ConfigError
 
 _HF_TYPES = ("gpt2", "llama", "mistral", "qwen2")
@@ -39,9 +39,10 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Activations priced as our MLP kinds. GPT-2's MLP is up -> GELU -> down: the tanh approximations
-# (gelu_new, gelu_pytorch_tanh, gelu_fast) are what the reference model runs, exact "gelu" has the
-# same shapes and cost. Llama-like MLPs are gated: silu (= swish) gives SwiGLU.
+# Activations priced as our MLP kinds. GPT-2's MLP is up -> GELU -> down: the reference model runs
+# every variant as the fused tanh GELU (same shapes and FLOPs); the file's variant is kept as
+# ``activation`` for implementation hf, where gelu_new and gelu_fast are written out in Python and
+# save more. Llama-like MLPs are gated: silu (= swish) gives SwiGLU.
 _GPT2_ACTS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu"})
 _GATED_ACTS = frozenset({"silu", "swish"})
 
@@ -118,7 +119,7 @@ def model_from_hf_config(
         if _hf_bool(data, "add_cross_attention", context, False):
             raise ConfigError(f"{context}: add_cross_attention: cross-attention is not supported (decoder-only models only)")
         fields: dict[str, Any] = {
-            "mlp": MlpKind.GELU, "positions": PositionKind.LEARNED,
+            "mlp": MlpKind.GELU, "positions": PositionKind.LEARNED, "activation": Activation(act),
             "qkv_bias": True, "attn_out_bias": True, "mlp_bias": True, "norm_bias": True,  # GPT-2 has every bias
             "norm_eps": _hf_float(data, "layer_norm_epsilon", context, defaults["layer_norm_epsilon"]),
             "dropout": _hf_float(data, "resid_pdrop", context, defaults["resid_pdrop"]),
@@ -151,7 +152,7 @@ def model_from_hf_config(
             # MistralAttention/MistralMLP have no bias switch: transformers ignores attention_bias here
             qkv_bias, out_bias, mlp_bias = False, False, False
         fields = {
-            "mlp": MlpKind.SWIGLU, "positions": PositionKind.ROTARY,
+            "mlp": MlpKind.SWIGLU, "positions": PositionKind.ROTARY, "activation": Activation.SILU,
             "qkv_bias": qkv_bias, "attn_out_bias": out_bias, "mlp_bias": mlp_bias,
             "norm_eps": _hf_float(data, "rms_norm_eps", context, defaults["rms_norm_eps"]),
             "rope_theta": _hf_rope_theta(data, context, defaults["rope_theta"]),

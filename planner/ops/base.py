@@ -44,6 +44,29 @@ class OpKind(StrEnum):
     SCATTER_TO_SEQUENCE = "scatter_to_sequence"  # forward: keep this rank's chunk (a copy); backward: all-gather
 
 
+class OpVariant(StrEnum):
+    """How an implementation runs an op the reference model also runs (``planner.implementations``);
+    a variant has its own formula (``planner.ops.registry.register_variant``)."""
+
+    REFERENCE = "reference"  # as validate/reference_model.py runs it
+    NORM_FP32 = "norm_fp32"  # transformers' LlamaRMSNorm: upcast to fp32, cast back before the weight
+    NORM_FUSED = "norm_fused"  # F.rms_norm as CUDA runs it (_fused_rms_norm): saves input and per-row rstd
+    GELU_NEW = "gelu_new"  # transformers' NewGELUActivation: the tanh formula written out
+    GELU_FAST = "gelu_fast"  # transformers' FastGELUActivation: written out
+    SHARED_CAST = "shared_cast"  # k/v of a fused q/k/v projection: autocast's input copy is q's
+    SPLIT_COPIES = "split_copies"  # the last of torchtitan's fused wqkv outputs: split into contiguous copies
+    COMPLEX_ROTARY = "complex_rotary"  # torchtitan's ComplexRoPE: fp32 complex product, cast back
+    SHIFTED_LABELS = "shifted_labels"  # transformers' ForCausalLMLoss: labels padded and shifted, then saved
+    SCALED_TABLES = "scaled_tables"  # transformers' rotary cos/sin, times attention_scaling
+    ROPE_BUFFERS = "rope_buffers"  # torchtitan: every layer's RoPE module holds a (T, H/2) complex64 buffer
+    # losses that take the final norm's output and own the LM head: the logits never exist whole
+    CHUNKED_LOSS = "chunked_loss"  # torchtitan's ChunkedLossWrapper: lm_head + cross-entropy + backward per chunk
+    FUSED_LINEAR_LOSS = "fused_linear_loss"  # Liger's fused linear cross-entropy: no logits kept
+
+
+HIDDEN_STATE_LOSSES = frozenset({OpVariant.CHUNKED_LOSS, OpVariant.FUSED_LINEAR_LOSS})
+
+
 class TensorInfo(BaseModel):
     """An activation tensor: element count, dtype, whether autograd tracks it."""
 
@@ -98,6 +121,8 @@ class LayerSpec(BaseModel):
     ranks_per_node: int = 1  # of those, how many share a node (NVLink) with this rank
     params: tuple[ParamTensor, ...] = ()
     owns_params: bool = True  # False when the params belong to another op (tied LM head)
+    variant: OpVariant = OpVariant.REFERENCE  # how the implementation runs it (its own formula)
+    chunks: int = 0  # chunked losses: sequence chunks (0: the formula derives them)
 
 
 class MeshDim(StrEnum):
@@ -244,6 +269,8 @@ __all__ = [
     "MeshDim",
     "OpContext",
     "OpKind",
+    "OpVariant",
+    "HIDDEN_STATE_LOSSES",
     "ParamTensor",
     "TensorInfo",
     "linear_flops",

@@ -3,9 +3,19 @@ fill the registry (``planner.ops.registry``). Look formulas up here."""
 
 from __future__ import annotations
 
-from planner.ops import attention, collectives, elementwise, embedding, linear, loss, norm  # noqa: F401  (registers them)
+from planner.ops import (  # noqa: F401  (registers them; impl_*: other implementations' variants)
+    attention,
+    collectives,
+    elementwise,
+    embedding,
+    impl_losses,
+    impl_ops,
+    linear,
+    loss,
+    norm,
+)
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind
-from planner.ops.registry import Formula, registered, registered_kinds
+from planner.ops.registry import Formula, registered, registered_kinds, registered_variant
 
 
 def formula_for(kind: OpKind) -> Formula:
@@ -13,7 +23,7 @@ def formula_for(kind: OpKind) -> Formula:
 
 
 def cost_of(spec: LayerSpec, ctx: OpContext) -> LayerCost:
-    return registered(spec.kind)(spec, ctx)
+    return registered_variant(spec.kind, spec.variant)(spec, ctx)
 
 
 __all__ = ["cost_of", "formula_for", "registered_kinds"]

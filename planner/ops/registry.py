@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind
+from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, OpVariant
 
 Formula = Callable[[LayerSpec, OpContext], LayerCost]
 _REGISTRY: dict[OpKind, Formula] = {}
+_VARIANTS: dict[tuple[OpKind, OpVariant], Formula] = {}
 
 
 def register(*kinds: OpKind) -> Callable[[Formula], Formula]:
@@ -25,6 +26,29 @@ def register(*kinds: OpKind) -> Callable[[Formula], Formula]:
         return formula
 
     return decorate
+
+
+def register_variant(kind: OpKind, *variants: OpVariant) -> Callable[[Formula], Formula]:
+    """Bind a formula to how another implementation runs ``kind`` (``LayerSpec.variant``)."""
+    def decorate(formula: Formula) -> Formula:
+        for variant in variants:
+            if (kind, variant) in _VARIANTS:
+                raise ValueError(f"a cost formula for {kind.value}/{variant.value} is already registered "
+                                 f"({_VARIANTS[kind, variant].__name__})")
+            _VARIANTS[kind, variant] = formula
+        return formula
+
+    return decorate
+
+
+def registered_variant(kind: OpKind, variant: OpVariant) -> Formula:
+    """The formula for ``kind`` run as ``variant`` (the kind's own for the reference)."""
+    return _REGISTRY[kind] if variant is OpVariant.REFERENCE else _VARIANTS[kind, variant]
+
+
+def registered_variants() -> frozenset[tuple[OpKind, OpVariant]]:
+    """The (kind, variant) pairs registered so far."""
+    return frozenset(_VARIANTS)
 
 
 def registered(kind: OpKind) -> Formula:
