@@ -58,6 +58,8 @@ class ImplementationSpec(BaseModel):
     rope_buffers: bool = False  # per-layer RoPE cache buffers instead of per-forward tables
     rope_tables: OpVariant = OpVariant.REFERENCE
     loss_labels: OpVariant = OpVariant.REFERENCE  # the plain loss's variant
+    eager_mask: OpVariant = OpVariant.REFERENCE  # the causal mask eager attention takes
+    eager_core: dict[Family, OpVariant] = {}  # eager attention per family
     outputs_held: bool = False  # the final hidden states and logits stay alive until the loss returns
     embeddings_held: bool = False  # the embedding outputs stay alive until the final norm has run
     frames_held: bool = False  # q, k, v stay alive until the attention module returns; a block's
@@ -74,7 +76,9 @@ IMPLEMENTATIONS: dict[Implementation, ImplementationSpec] = {
         norm=OpVariant.REFERENCE),
     Implementation.HF: ImplementationSpec(
         implementation=Implementation.HF, library="transformers 5.24.0", families=_ALL, norm=OpVariant.NORM_FP32,
-        fused_qkv=(Family.GPT2,), rope_tables=OpVariant.SCALED_TABLES, loss_labels=OpVariant.SHIFTED_LABELS,
+        fused_qkv=(Family.GPT2,), rope_tables=OpVariant.SCALED_TABLES, eager_mask=OpVariant.FLOAT_MASK,
+        eager_core={Family.GPT2: OpVariant.EAGER_MASK_ADDED, Family.LLAMA: OpVariant.EAGER_FP32_SOFTMAX,
+                    Family.MISTRAL: OpVariant.EAGER_FP32_SOFTMAX, Family.QWEN2: OpVariant.EAGER_FP32_SOFTMAX}, loss_labels=OpVariant.SHIFTED_LABELS,
         outputs_held=True, embeddings_held=True, frames_held=True, gpt2_activation=Activation.GELU_NEW),
     Implementation.TORCHTITAN: ImplementationSpec(
         implementation=Implementation.TORCHTITAN, library="torchtitan 0.3.0", families=(Family.LLAMA,),
@@ -147,8 +151,14 @@ def adapt(desc: ModelDesc, model: ModelConfig) -> ModelDesc:
                 holds.pop(op.name, None)
                 continue
             op = _variant(op, spec.rope_tables)
+        elif op.kind is OpKind.CAUSAL_MASK:
+            op = _variant(op, spec.eager_mask)
+            if spec.eager_mask is not OpVariant.REFERENCE:
+                holds[op.name] = "final_norm"  # the causal_mask local of *Model.forward
+        elif op.kind is OpKind.ATTENTION_EAGER:
+            op = _variant(op, spec.eager_core.get(model.family, OpVariant.REFERENCE))
         elif op.kind is OpKind.ROTARY and spec.rope_buffers:
-            op = replace(_variant(op, spec.rotary), inputs=(*op.inputs[:2], "rope_cache"))
+            op = replace(_variant(op, spec.rotary, head_dim=model.head_dim), inputs=(*op.inputs[:2], "rope_cache"))
         elif op.name == "lm_head" and loss is not LossKind.PLAIN:
             continue
         elif op.kind in (OpKind.EMBEDDING, OpKind.POS_EMBEDDING) and spec.embeddings_held:

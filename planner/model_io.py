@@ -35,6 +35,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from hardware.validation import describe_validation_error
 from planner.config import (
     AttentionImpl,
+    Implementation,
+    LossKind,
     ModelConfig,
     PositionKind,
     TrainConfig,
@@ -43,6 +45,7 @@ from planner.config import (
 )
 from planner.errors import ConfigError, ConfigWarning, UnknownPresetError
 from planner.hf_config import hf_name, model_from_hf_config
+from planner.implementations import effective_loss, effective_loss_chunks
 
 _PRESET_DIR = "presets"
 _SECTIONS = ("model", "training")
@@ -218,9 +221,10 @@ def resolve(
     global_batch_size: int | None = None,
     attention: AttentionImpl | str | None = None,
     dropout: float | None = None,
+    implementation: Implementation | str | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
     """The model and training workload after the CLI's overrides (``--seq-len``, ``--global-batch``,
-    attention, dropout); a missing training field names the flag that supplies it."""
+    attention, dropout, implementation); a missing training field names the flag that supplies it."""
     workload = load_workload(source)
     model = workload.model
     model_updates: dict[str, Any] = {}
@@ -228,6 +232,8 @@ def resolve(
         model_updates["attention"] = attention
     if dropout is not None:
         model_updates["dropout"] = dropout
+    if implementation is not None:
+        model_updates["implementation"] = implementation
     if model_updates:
         model = _validated(
             lambda: Workload.model_validate({"model": {**model.model_dump(), **model_updates}}).model,
@@ -258,6 +264,10 @@ def _bounded_context(model: ModelConfig, train: TrainConfig) -> ModelConfig:
             f"training.seq_len: {train.seq_len} exceeds model.max_seq_len {limit} of {model.name}, "
             f"whose learned position table has {limit} rows; use --seq-len {limit} or less"
         )
+    chunks = effective_loss_chunks(model)
+    if effective_loss(model) is LossKind.CHUNKED and train.seq_len % chunks:
+        raise ConfigError(f"model.loss_chunks: torchtitan's ChunkedLossWrapper splits each sequence into {chunks} "
+                          f"equal chunks; {train.seq_len} tokens do not divide; set loss_chunks to a divisor")
     if limit is None:
         return model.model_copy(update={"max_seq_len": train.seq_len})
     if train.seq_len > limit:

@@ -45,10 +45,13 @@ def load_model(
     dropout: float | None = None,
     optimizer: str | None = None,
     optimizer_impl: str | None = None,
+    implementation: str | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
-    """Model and training workload from a preset name, a YAML/JSON path, a dict or a config."""
+    """Model and training workload from a preset name, a YAML/JSON path, a dict or a config;
+    ``implementation`` (reference, hf, torchtitan) overrides the model file's."""
     model, training = resolve(
-        source, seq_len=seq_len, global_batch_size=global_batch_size, attention=attention, dropout=dropout
+        source, seq_len=seq_len, global_batch_size=global_batch_size, attention=attention, dropout=dropout,
+        implementation=implementation,
     )
     updates = {k: v for k, v in (("optimizer", optimizer), ("optimizer_impl", optimizer_impl)) if v is not None}
     if updates:
@@ -266,10 +269,12 @@ def validate(
     steps: int = 5,
     hardware: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    implementation: str | None = None,
 ) -> Any:
     """Run ``plan`` (a PlanResult or a plan file) in PyTorch and compare: returns a
     ``validate.report.ValidationReport`` (``rich.print`` shows it). Imports torch (lazily, here).
-    ``progress`` is called with each stage's description as it starts."""
+    ``progress`` is called with each stage's description as it starts. ``implementation`` runs
+    that library's model (``hf``: transformers') instead of the plan's (default: the plan's)."""
     try:
         from validate.api import validate as run_validation
     except ImportError:
@@ -277,7 +282,7 @@ def validate(
     from roofplan.validate_render import shown_validation
 
     return shown_validation(run_validation(plan, mode=mode, device=device, steps=steps, hardware=hardware,
-                                           progress=progress))
+                                           progress=progress, implementation=implementation))
 
 
 def _checkpoint_policy(value: str | CheckpointPolicy | None) -> CheckpointPolicy | None:

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default) or a comma list of matmul, attention, reduce_scatter (every one kept)")
     p.add_argument("--attention", choices=("flash", "eager"), default=None, help="attention implementation")
     p.add_argument("--dropout", type=float, default=None, help="dropout probability")
+    p.add_argument("--implementation", choices=("reference", "hf", "torchtitan"), default=None,
+                   help="whose code runs the model (overrides the model file): reference (roofplan's reference "
+                        "model), hf (transformers), torchtitan; each saves different tensors")
     p.add_argument("--optimizer", choices=("adamw", "sgd-momentum", "sgd"), default=None)
     p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default=None)
     p.add_argument("--gpus", type=int, default=1, help="GPUs in all (default 1): tensor-parallel groups of --tp, "
@@ -92,6 +95,7 @@ def _run(args: argparse.Namespace) -> int:
         global_batch_size=args.global_batch,
         attention=args.attention,
         dropout=args.dropout,
+        implementation=args.implementation,
         optimizer=args.optimizer,
         optimizer_impl=args.optimizer_impl,
     )

@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where --mode run runs (default cuda)")
     p.add_argument("--steps", type=int, default=5, help="timed steps after warm-up (default 5)")
     p.add_argument("--hardware", default=None, help="profile to predict time with (e.g. from `hardware calibrate`)")
+    p.add_argument("--implementation", choices=("reference", "hf"), default=None,
+                   help="whose model runs the plan: reference (roofplan's) or hf (transformers' own, priced "
+                        "for it); default the plan's")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -64,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         api = _import_api()
         with StageProgress(sys.stderr.isatty(), "validate") as progress:
             report = api.validate(plan, mode=args.mode, device=args.device, steps=args.steps, hardware=args.hardware,
-                                  progress=progress)
+                                  progress=progress, implementation=args.implementation)
     except PlannerError as error:
         if error.exit_code == 0:  # a non-zero torchrun rank: rank 0 prints the report
             return 0

@@ -9,6 +9,8 @@ import torch
 
 from hardware.errors import ConfigError
 from hardware.registry import load_hardware
+from planner.config import Implementation, LossKind
+from planner.implementations import effective_loss
 from planner.results import PlanResult
 from validate.report import ValidationReport
 from validate.run import run, simulate
@@ -30,16 +32,25 @@ def validate(
     steps: int = 5,
     hardware: str | Path | None = None,
     progress: Progress | None = None,
+    implementation: str | None = None,
 ) -> ValidationReport:
     """Measure ``plan`` (a PlanResult or a plan file): ``simulate`` (fake tensors), ``run`` on a
     device, or ``auto`` (run on CUDA when available, else simulate). ``progress`` is called with
-    a short description of each stage as it starts."""
+    a short description of each stage as it starts. ``implementation`` (default: the plan's)
+    picks whose model runs: the reference model, or transformers' (``hf``, validate.hf_model)."""
     if not isinstance(plan, PlanResult):
         plan = PlanResult.load(plan)
     try:
         requested = RequestedMode(mode)
     except ValueError:
         raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run") from None
+    impl = _implementation(plan, implementation)
+    if impl is not Implementation.REFERENCE:
+        return _validate_implementation(plan, impl, requested, device, steps, hardware, progress)
+    if plan.model.config.implementation is not Implementation.REFERENCE:
+        from validate.hf_model import repriced
+
+        plan = repriced(plan, impl)  # the reference model runs it: priced for the reference
     if plan.best.knobs.parallel.world_size > 1:
         return _validate_several_ranks(plan, requested, device, steps, hardware, progress)
     if requested is RequestedMode.AUTO:
@@ -50,6 +61,34 @@ def validate(
         return simulate(plan, progress)
     profile = load_hardware(hardware) if hardware is not None else None
     return run(plan, device=device or "cuda", steps=steps, profile=profile, progress=progress)
+
+
+def _implementation(plan: PlanResult, requested: str | None) -> Implementation:
+    """The implementation to run; the reference refuses plans priced with another loss."""
+    try:
+        impl = Implementation(requested) if requested is not None else plan.model.config.implementation
+    except ValueError:
+        raise ConfigError(f"--implementation: {requested!r} is not one; use reference or hf") from None
+    if impl is Implementation.REFERENCE and effective_loss(plan.model.config) is not LossKind.PLAIN:
+        raise ConfigError(f"validate: the reference model runs the plain loss, not {effective_loss(plan.model.config).value}; "
+                          "plan with loss: plain to validate it")
+    return impl
+
+
+def _validate_implementation(plan: PlanResult, impl: Implementation, mode: RequestedMode, device: str | None,
+                             steps: int, hardware: str | Path | None, progress: Progress | None) -> ValidationReport:
+    if impl is Implementation.TORCHTITAN:
+        raise ConfigError("--implementation: torchtitan is priced from its 0.3.0 sources but validate cannot run it "
+                          "(it needs triton and a GPU build); validate --implementation hf or reference")
+    from validate.hf_model import validate_hf
+    from validate.report import Mode
+
+    if mode is RequestedMode.AUTO:
+        mode = RequestedMode.RUN if torch.cuda.is_available() else RequestedMode.SIMULATE
+    if mode is RequestedMode.SIMULATE and device == "cuda":
+        raise ConfigError("--device: simulate runs on the CPU under fake tensors; drop --device or use --mode run")
+    profile = load_hardware(hardware) if hardware is not None else None
+    return validate_hf(plan, Mode(mode.value), device, steps, profile, progress)
 
 
 def _validate_several_ranks(plan: PlanResult, mode: RequestedMode, device: str | None, steps: int,

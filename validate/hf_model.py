@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hardware.errors import ConfigError
 from hardware.profile import HardwareProfile
-from planner.config import Implementation, LossKind, ModelConfig, TrainConfig
+from planner.config import AttentionImpl, Implementation, LossKind, ModelConfig, TrainConfig
 from planner.estimate import Estimate, cached_graph, estimate
 from planner.implementations import effective_loss
 from planner.knobs import Knobs
@@ -48,6 +48,17 @@ def as_implementation(model: ModelConfig, implementation: Implementation) -> Mod
         return ModelConfig.model_validate({**model.model_dump(), "implementation": implementation})
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error, "--implementation")) from None
+
+
+def repriced(plan: PlanResult, implementation: Implementation) -> PlanResult:
+    """``plan`` with its model run by ``implementation`` and its best configuration priced again."""
+    if plan.model.config.implementation is implementation:
+        return plan
+    model = as_implementation(plan.model.config, implementation)
+    est = estimate(model, plan.training, plan.hardware, plan.best.knobs, plan.hbm_cap_bytes,
+                   plan.parallel.gpus_per_node)
+    return plan.model_copy(update={"model": plan.model.model_copy(update={"config": model}),
+                                   "best": plan.best.model_copy(update={"estimate": est}), "alternatives": ()})
 
 
 def checkpoint_every(knobs: Knobs, n_layers: int) -> int | None:
@@ -123,7 +134,7 @@ def simulate_hf(model: ModelConfig, training: TrainConfig, knobs: Knobs, n_param
         tracker = LiveStorageTracker()
         tracker.track([*net.parameters(), *net.buffers(), ids])
         measured_peak = counted = None
-        with as_a_gpu_runs_it(net, spec.autocast_dtype is not None) as notes:
+        with as_a_gpu_runs_it(net, spec.autocast_dtype is not None, _fused(model)) as notes:
             if peak:
                 with tracker:
                     say("warm-up step (creates the optimizer state)")
@@ -200,7 +211,7 @@ def _run_hf(plan: PlanResult, model: ModelConfig, est: Estimate, every: int | No
 
     try:
         say(f"running transformers' model: warm-up and {steps} timed steps")
-        with _gpu_semantics(net, dev, spec) as extra:
+        with _gpu_semantics(net, dev, spec, model) as extra:
             times, peak, reserved = measure_steps(
                 step, dev, steps, lambda: [*net.parameters(), *net.buffers(), ids, *optimizer_state(optimizer)])
             counter = flop_counter()
@@ -217,9 +228,13 @@ def _run_hf(plan: PlanResult, model: ModelConfig, est: Estimate, every: int | No
     return build_report(plan, Mode.RUN, label, steps, _predicted(est, True), measured, fits=True, notes=notes + extra)
 
 
-def _gpu_semantics(net: torch.nn.Module, dev: torch.device, spec: PrecisionSpec
+def _gpu_semantics(net: torch.nn.Module, dev: torch.device, spec: PrecisionSpec, model: ModelConfig
                    ) -> contextlib.AbstractContextManager[tuple[str, ...]]:
     """On a GPU transformers runs as it is; on the CPU as a GPU would (``as_a_gpu_runs_it``)."""
     if dev.type == "cuda":
         return contextlib.nullcontext(())
-    return as_a_gpu_runs_it(net, spec.autocast_dtype is not None)
+    return as_a_gpu_runs_it(net, spec.autocast_dtype is not None, _fused(model))
+
+
+def _fused(model: ModelConfig) -> bool:
+    return model.attention is AttentionImpl.FLASH

@@ -12,8 +12,8 @@ the few CPU/fake-tensor differences that would otherwise change what is measured
   (2) CUDA autocast runs ``pow``, ``rsqrt``, ``layer_norm`` in fp32 and ``softmax`` /
   ``log_softmax`` with an fp32 result (aten/src/ATen/autocast_mode.cpp); CPU autocast does not,
   so those ops get CUDA's casts (``cuda_autocast_lists``);
-  (3) ``nn.Dropout`` on CPU saves a float mask, CUDA's ``native_dropout`` a bool one: the
-  model's dropout modules call ``native_dropout``; attention dropout inside SDPA is left out, as
+  (3) ``F.dropout`` on CPU saves a float mask, CUDA's ``native_dropout`` a bool one: it calls
+  ``native_dropout``; attention dropout inside SDPA is left out, as
   ``validate.simulate.as_on_a_gpu`` does for the reference model.
 - ``FusedRMSNorm``: ``F.rms_norm`` as CUDA runs it (``_fused_rms_norm``: saves the input and a
   per-row fp32 rstd), for code that calls ``nn.RMSNorm`` (torchtitan), whose CPU kernel is
@@ -80,15 +80,9 @@ def _to_fp32(value: Any) -> Any:
     return value
 
 
-class GpuDropout(nn.Module):
-    """``nn.Dropout`` as CUDA runs it: ``native_dropout``, a bool mask saved (1 byte per element)."""
-
-    def __init__(self, p: float) -> None:
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.native_dropout(x, self.p, True)[0] if self.training and self.p > 0 else x
+def _gpu_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+    """``F.dropout`` as CUDA runs it: ``native_dropout``, a bool mask saved (1 byte per element)."""
+    return torch.native_dropout(input, p, training)[0] if training and p > 0 else input
 
 
 class FusedRMSNormFunction(torch.autograd.Function):
@@ -143,26 +137,29 @@ class FusedRMSNorm(nn.Module):
 
 
 @contextlib.contextmanager
-def as_a_gpu_runs_it(net: nn.Module, autocast: bool) -> Iterator[tuple[str, ...]]:
+def as_a_gpu_runs_it(net: nn.Module, autocast: bool, fused_attention: bool) -> Iterator[tuple[str, ...]]:
     """While simulating transformers' ``net``: plain (unpacked) sequences, CUDA autocast's fp32
-    lists, bool dropout masks, no dropout inside SDPA. Yields the report's notes."""
+    lists, bool dropout masks, no dropout inside the fused attention. Yields the report's notes."""
     import transformers.masking_utils as masking
 
     notes: list[str] = ["transformers cannot read fake position ids and would assume packed sequences (a full "
-                        "attention mask); simulate gives it a real run's answer: no packed sequences"]
-    for module in list(net.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Dropout) and child.p > 0:
-                inner = child_name == "attn_dropout"  # GPT-2 passes its p to SDPA as dropout_p
-                setattr(module, child_name, GpuDropout(0.0 if inner else child.p))
-                if inner and "attention dropout" not in " ".join(notes):
-                    notes.append("attention dropout is left out of the simulated fused attention (a GPU's flash "
-                                 "kernel keeps only its RNG state); other dropouts save bool masks as on CUDA")
-    for module in net.modules():  # Llama-like attention reads its dropout from the config
-        if getattr(module, "attention_dropout", 0.0):
-            module.attention_dropout = 0.0
-    original = masking.find_packed_sequence_indices
-    masking.find_packed_sequence_indices = lambda position_ids: None
+                        "attention mask); simulate gives it a real run's answer: no packed sequences",
+                        "dropout saves bool masks, as CUDA's native_dropout does (CPU's saves float noise)"]
+    if fused_attention:
+        dropped = False
+        for module in net.modules():
+            inner = getattr(module, "attn_dropout", None)  # GPT-2 passes its p to SDPA as dropout_p
+            if isinstance(inner, nn.Dropout) and inner.p > 0:
+                inner.p, dropped = 0.0, True
+            if getattr(module, "attention_dropout", 0.0):  # Llama-like attention: from the config
+                module.attention_dropout, dropped = 0.0, True
+        if dropped:
+            notes.append("attention dropout is left out of the simulated fused attention (the CPU's has none; a "
+                         "GPU's flash kernel keeps only its RNG state)")
+    replaced = [(masking, "find_packed_sequence_indices", lambda position_ids: None), (F, "dropout", _gpu_dropout)]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
+    for owner, name, value in replaced:
+        setattr(owner, name, value)
     try:
         if autocast:
             notes.append("CPU autocast runs pow, rsqrt, layer_norm and softmax in bf16; simulate applies CUDA "
@@ -172,7 +169,8 @@ def as_a_gpu_runs_it(net: nn.Module, autocast: bool) -> Iterator[tuple[str, ...]
         else:
             yield tuple(notes)
     finally:
-        masking.find_packed_sequence_indices = original
+        for owner, name, value in originals:
+            setattr(owner, name, value)
 
 
 def hf_config(model: ModelConfig) -> Any:

@@ -58,6 +58,9 @@ class OpVariant(StrEnum):
     COMPLEX_ROTARY = "complex_rotary"  # torchtitan's ComplexRoPE: fp32 complex product, cast back
     SHIFTED_LABELS = "shifted_labels"  # transformers' ForCausalLMLoss: labels padded and shifted, then saved
     SCALED_TABLES = "scaled_tables"  # transformers' rotary cos/sin, times attention_scaling
+    EAGER_FP32_SOFTMAX = "eager_fp32_softmax"  # transformers' eager attention: softmax(dtype=float32), mask added
+    EAGER_MASK_ADDED = "eager_mask_added"  # transformers' GPT-2 eager attention: the float mask added
+    FLOAT_MASK = "float_mask"  # transformers' eager mask: (B, 1, T, T) of 0 and -inf in the stream's dtype
     ROPE_BUFFERS = "rope_buffers"  # torchtitan: every layer's RoPE module holds a (T, H/2) complex64 buffer
     # losses that take the final norm's output and own the LM head: the logits never exist whole
     CHUNKED_LOSS = "chunked_loss"  # torchtitan's ChunkedLossWrapper: lm_head + cross-entropy + backward per chunk

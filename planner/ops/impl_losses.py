@@ -38,7 +38,8 @@ def chunked_loss_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     ``CrossEntropyLoss`` (sum over tokens / global valid tokens), N chunks (``spec.chunks``):
 
     - ``h`` is split along the sequence and each chunk made ``.contiguous()`` (a copy for
-      B > 1: B T D dh bytes in all; views for B = 1), detached as a leaf; the labels likewise;
+      B > 1: B T D dh bytes in all; views for B = 1), detached as a leaf; the labels and the
+      positions (``loss_inputs``) likewise;
     - ``GradAccumulator`` allocates ``zeros_like(h, float32)`` (4 B T D);
     - per chunk: ``logits = lm_head(chunk)`` (Rc V in the matmul dtype; the local keeps the
       previous chunk's logits until the new ones exist), ``cross_entropy(pred.float(), ...)``
@@ -64,8 +65,8 @@ def chunked_loss_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     dm = (low or h.dtype).n_bytes
     logits, fp32_rows = rows * v * dm, rows * v * 4
     seq = AllocSequence()
-    if b > 1:
-        seq.alloc(h.n_bytes).alloc(ctx.tokens * 8)  # contiguous chunks of h and of the labels
+    if b > 1:  # contiguous chunks of h, the labels and the positions (chunked for the inner loss)
+        seq.alloc(h.n_bytes).alloc(ctx.tokens * 8).alloc(ctx.tokens * 8)
     seq.alloc(4 * h.numel).alloc(512)  # the fp32 gradient buffer, total_loss
     for chunk in range(min(n, 2)):  # the second chunk repeats for every later one
         if low is not None:

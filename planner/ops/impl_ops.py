@@ -10,6 +10,7 @@ K kv heads, H head dim; ``e`` is an input's element count, ``R = B*T`` its rows.
 from __future__ import annotations
 
 from hardware.dtypes import DType
+from planner.ops.attention import eager_attention_cost
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, OpVariant, TensorInfo
 from planner.ops.embedding import rope_tables_cost
 from planner.ops.linear import linear_cost
@@ -190,32 +191,35 @@ def rope_cache_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
 
 @register_variant(OpKind.ROTARY, OpVariant.COMPLEX_ROTARY)
 def complex_rotary_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
-    """torchtitan 0.3.0 ``ComplexRoPE.apply_rotary_emb`` (torchtitan/models/common/rope.py)::
+    """torchtitan 0.3.0 ``ComplexRoPE`` (torchtitan/models/common/rope.py), with the per-document
+    positions its dataloader always passes::
 
+        cache = rope_cache[positions.squeeze(0)]          # B = 1: (T, H/2) complex64
+        cache = torch.gather(rope_cache[None, :, None, :].expand(B, ...), 1, positions...)  # B > 1
         xq_ = torch.view_as_complex(query.float().reshape(*query.shape[:-1], -1, 2))
-        xq_out = torch.view_as_real(xq_ * rope_cache).flatten(3)
+        xq_out = torch.view_as_real(xq_ * cache).flatten(3)
         return xq_out.type_as(query), ...
 
-    Per tensor x (u bytes, e elements): an fp32 copy unless x is fp32 (4e), the complex product
-    (4e) and, unless fp32, the cast back (u, the output). The complex ``mul`` saves only the
-    cache (a view of the buffer, which needs no gradient), so nothing new is saved; the fp32
-    copies and products of q and k are locals until ``apply_rotary_emb`` returns: with bf16 q/k,
-    four times their bytes beyond the outputs. Backward per tensor: the gradient cast to fp32
-    and its complex product (8e), cast back (the input gradient)."""
+    The gathered cache (4 T H bytes, times B when B > 1) is what the complex ``mul`` saves (q
+    and k need no other tensor: the cache needs no gradient). Per tensor x (u bytes, e elements):
+    an fp32 copy unless x is fp32 (4e) and the complex product (4e), locals until
+    ``apply_rotary_emb`` returns, then the cast back (the output; the product itself when fp32).
+    Backward per tensor: the gradient cast to fp32 and its complex product (8e) unless fp32."""
     q, k, _cache = ctx.inputs
     out = TensorInfo(numel=q.numel + k.numel, dtype=q.dtype)
     low = q.dtype is not _FP32
-    fwd = 4 * (q.numel + k.numel) * 2 if low else 0
-    bwd = 8 * max(q.numel, k.numel) if low else 0
+    gathered = 4 * (ctx.tokens if ctx.batch > 1 else ctx.seq_len) * spec.head_dim
+    fwd = 8 * (q.numel + k.numel) if low else 0
     return LayerCost(
         output=out,
         saves_inputs=(False, False, True),
+        saved_extra_bytes=(gathered,),
         fwd_transient_bytes=fwd,
-        unsaved_fwd_transient_bytes=fwd,
-        bwd_transient_bytes=bwd,
+        unsaved_fwd_transient_bytes=fwd + gathered,
+        bwd_transient_bytes=8 * max(q.numel, k.numel) if low else 0,
         fwd_bytes_moved=3 * (q.n_bytes + k.n_bytes) + 8 * (q.numel + k.numel),
         bwd_bytes_moved=3 * (q.n_bytes + k.n_bytes) + 8 * (q.numel + k.numel),
-        fwd_kernels=6,
+        fwd_kernels=7,
         bwd_kernels=6,
     )
 
@@ -248,3 +252,45 @@ def shifted_cross_entropy_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     padded = (ctx.tokens + ctx.batch) * 8
     return cost.model_copy(update={"saved_extra_bytes": (*cost.saved_extra_bytes, labels),
                                    "fwd_transient_bytes": cost.fwd_transient_bytes + padded})
+
+
+@register_variant(OpKind.ATTENTION_EAGER, OpVariant.EAGER_MASK_ADDED, OpVariant.EAGER_FP32_SOFTMAX)
+def hf_eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """transformers 5.24.0 ``eager_attention_forward`` (modeling_llama.py; modeling_gpt2.py alike)::
+
+        attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+        attn_weights = attn_weights + attention_mask
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+        attn_output = torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
+
+    The reference eager core's allocations (``repeat_kv`` copies k and v for GQA as the
+    reference's ``repeat`` does; the mask is added instead of filled in, one T x T tensor
+    either way), but the add saves nothing, so the shared mask is not kept for backward.
+    Llama, Mistral and Qwen2 ask for an fp32 softmax (``EAGER_FP32_SOFTMAX``): with bf16 scores
+    (bf16-true) it runs as under autocast, an fp32 copy in, the fp32 probabilities saved and a
+    bf16 copy for the second matmul; GPT-2's softmax takes the scores' dtype (CUDA autocast's
+    fp32 list under bf16-mixed, as the reference)."""
+    q = ctx.inputs[0]
+    if spec.variant is OpVariant.EAGER_FP32_SOFTMAX and q.dtype is not _FP32 and ctx.precision.autocast_dtype is None:
+        ctx = ctx.model_copy(update={"precision": ctx.precision.model_copy(update={"autocast_dtype": q.dtype})})
+    cost = eager_attention_cost(spec, ctx)
+    saves = cost.saves_inputs[:-1] + (False,)
+    return cost.model_copy(update={"saves_inputs": saves})
+
+
+@register_variant(OpKind.CAUSAL_MASK, OpVariant.FLOAT_MASK)
+def float_mask_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """transformers 5.24.0 ``eager_mask`` (masking_utils.py): the causal pattern as a bool
+    (1, 1, T, T) broadcast over the batch, turned into ``torch.where(mask, 0, finfo.min)`` of
+    shape (B, 1, T, T) in the embeddings' dtype (the parameters'), built once per forward and
+    shared by every layer (the ``causal_mask`` local of ``*Model.forward``)."""
+    t2 = ctx.seq_len * ctx.seq_len
+    dtype = ctx.precision.param_dtype
+    return LayerCost(
+        output=TensorInfo(numel=ctx.batch * t2, dtype=dtype, requires_grad=False),
+        fwd_transient_bytes=2 * t2,
+        fwd_bytes_moved=ctx.batch * t2 * dtype.n_bytes + 2 * t2,
+        fwd_kernels=4,
+        has_backward=False,
+    )

@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.blocks import ModelDesc
-from planner.config import AttentionImpl, ModelConfig, PositionKind
+from planner.config import AttentionImpl, Implementation, LossKind, ModelConfig, PositionKind
 from planner.errors import ConfigError
+from planner.implementations import effective_loss
 from planner.ops.base import OpKind
 from planner.parallel_dims import ParallelDims
 
@@ -32,6 +33,10 @@ def check_context_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims)
     cp = dims.cp
     if cp == 1:
         return
+    if model.implementation is not Implementation.REFERENCE or effective_loss(model) is not LossKind.PLAIN:
+        raise ConfigError(f"parallel.cp: context parallelism is modelled for the reference implementation with the "
+                          f"plain loss, not {model.implementation.value} with the {effective_loss(model).value} loss; "
+                          f"use cp 1 (data parallelism) or implementation: reference")
     if model.attention is not AttentionImpl.FLASH:
         raise ConfigError(f"parallel.cp: context parallelism runs scaled_dot_product_attention as ring attention; "
                           f"{model.name} uses eager attention: use attention: flash, or cp 1")

@@ -34,8 +34,9 @@ from dataclasses import replace
 from functools import lru_cache
 
 from planner.blocks import ModelDesc, OpDesc, TpRole, describe
-from planner.config import ModelConfig, PositionKind
+from planner.config import Implementation, LossKind, ModelConfig, PositionKind
 from planner.errors import ConfigError
+from planner.implementations import effective_loss
 from planner.ops.base import OpKind, ParamTensor
 from planner.parallel_dims import ParallelDims
 
@@ -50,6 +51,10 @@ def check_tensor_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) 
     tp, sequence_parallel = dims.tp, dims.sp
     if tp == 1:
         return
+    if model.implementation is not Implementation.REFERENCE or effective_loss(model) is not LossKind.PLAIN:
+        raise ConfigError(f"parallel.tp: tensor parallelism is modelled for the reference implementation with the "
+                          f"plain loss, not {model.implementation.value} with the {effective_loss(model).value} loss; "
+                          f"use tp 1 (data parallelism) or implementation: reference")
     if dims.data_parallel > 1 and not dims.shards_parameters:
         raise ConfigError(f"parallel.tp: tensor parallelism with {dims.data_parallel} data-parallel replicas under DDP "
                           "or ZeRO-1 is not modelled (DDP needs its DTensor parameters made local first; torchtitan "
