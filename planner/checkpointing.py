@@ -97,6 +97,11 @@ def modelled_with_context_parallelism(policy: CheckpointPolicy, cp: int) -> bool
     return cp == 1 or policy is not CheckpointPolicy.OPS
 
 
+CONTEXT_PARALLEL_REFUSAL = ("--checkpoint-policy: per-op selective checkpointing under context parallelism is not "
+                            "modelled (the ring's head merge after SDPA is recomputed, its outputs cached); use full "
+                            "or attention with --cp, or --cp 1")
+
+
 class CheckpointUnits(dict[int, int]):
     """Block -> checkpoint unit id, and the policy the units run under (``planner.memory``)."""
 

@@ -18,7 +18,7 @@ from hardware.dtypes import DType
 from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
 from planner.cache import IdentityCache
-from planner.checkpointing import modelled_with_context_parallelism
+from planner.checkpointing import CONTEXT_PARALLEL_REFUSAL, modelled_with_context_parallelism
 from planner.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.fsdp import FsdpLayout
@@ -26,6 +26,7 @@ from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
 from planner.optimizer import optimizer_spec
+from planner.parallel_dims import Group
 from planner.precision import PrecisionSpec, precision_spec
 from planner.schedule import Schedule
 from planner.strategies import Fsdp2, strategy_for
@@ -103,9 +104,7 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
         )
     strategy_for(knobs.parallel).check(knobs)
     if knobs.checkpoint_blocks and not modelled_with_context_parallelism(knobs.checkpoint_policy, knobs.parallel.cp):
-        raise ConfigError("knobs.checkpoint_policy: per-op selective checkpointing under context parallelism is not "
-                          "modelled (the ring's head merge is recomputed, its SDPA outputs cached); use full or "
-                          "attention, or cp 1")
+        raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
     check_tensor_parallel(model, local_seq_len(training.seq_len, knobs.parallel), knobs.parallel)
     check_context_parallel(model, training.seq_len, knobs.parallel)
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
@@ -149,7 +148,7 @@ def rank_graph(model: ModelConfig, training: TrainConfig, knobs: Knobs, spec: Pr
     its shard of the model)."""
     dims = knobs.parallel
     return cached_graph(model, knobs.micro_batch_size, local_seq_len(training.seq_len, dims), spec, dims.tp, dims.sp,
-                        dims.ranks_per_node("tp", gpus_per_node), dims.cp, dims.ranks_per_node("cp", gpus_per_node))
+                        dims.ranks_per_node(Group.TP, gpus_per_node), dims.cp, dims.ranks_per_node(Group.CP, gpus_per_node))
 
 
 def op_rooflines(graph: LayerGraph, hw: HardwareProfile) -> tuple[OpRoofline, ...]:

@@ -41,6 +41,15 @@ class Sharding(StrEnum):
     FULL = "full"  # ZeRO-3: FSDP2, parameters re-gathered for the backward
 
 
+class Group(StrEnum):
+    """A communication group of the mesh (``ParallelDims.ranks_per_node``)."""
+
+    TP = "tp"  # a tensor-parallel group
+    CP = "cp"  # a context-parallel group
+    DP = "dp"  # the data-parallel ranks (DDP, ZeRO-1)
+    FSDP = "fsdp"  # the ranks FSDP2 shards over: data- and context-parallel together
+
+
 ZERO_STAGE_OF = {None: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}
 SHARDING_OF_STAGE = {stage: sharding for sharding, stage in ZERO_STAGE_OF.items()}
 NOT_MODELLED = ("pp", "ep")
@@ -111,12 +120,11 @@ class ParallelDims(BaseModel):
         """Ranks that each run their own micro-batches (replicas times shards)."""
         return self.dp_replicate * self.dp_shard
 
-    def ranks_per_node(self, dimension: str, gpus_per_node: int) -> int:
-        """How many ranks of one group of ``dimension`` ("tp", "cp", "dp", or "fsdp": the data-
-        and context-parallel ranks FSDP2 shards over) share a node, the mesh laid out tp
-        innermost, then cp, then data parallelism."""
-        inner = {"tp": 1, "cp": self.tp, "dp": self.tp * self.cp, "fsdp": self.tp}[dimension]
-        size = {"tp": self.tp, "cp": self.cp, "dp": self.data_parallel, "fsdp": self.fsdp_ranks}[dimension]
+    def ranks_per_node(self, group: Group, gpus_per_node: int) -> int:
+        """How many ranks of one ``group`` share a node, the mesh laid out tp innermost, then cp,
+        then data parallelism."""
+        inner = {Group.TP: 1, Group.CP: self.tp, Group.DP: self.tp * self.cp, Group.FSDP: self.tp}[group]
+        size = {Group.TP: self.tp, Group.CP: self.cp, Group.DP: self.data_parallel, Group.FSDP: self.fsdp_ranks}[group]
         return max(1, min(size, gpus_per_node // inner))
 
     @property

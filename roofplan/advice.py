@@ -10,6 +10,7 @@ from planner.memory import Category
 from planner.memory_types import Phase
 from planner.parallel_dims import layout_label
 from planner.results import PlanEntry
+from planner.strategies.context import MIN_CONTEXT_SHARD_TOKENS
 
 
 def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, scale_out: str | None = None) -> str:
@@ -56,8 +57,9 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
     else:
         lines.append(
             f"  more GPUs do not help: even sharding everything (ZeRO-3, FSDP2) over as many GPUs as the global batch "
-            f"has sequences, with tensor and sequence parallelism inside a node, leaves one sequence's activations, "
-            f"logits and a gathered block per GPU above the cap (model state on one GPU here {state}); shorten the "
-            f"sequence (context and pipeline parallelism are not modelled yet)"
+            f"has sequences, with tensor and sequence parallelism inside a node and context parallelism down to "
+            f"{MIN_CONTEXT_SHARD_TOKENS} tokens of a sequence per GPU, leaves activations, logits and a gathered block "
+            f"per GPU above the cap (model state on one GPU here {state}); shorten the sequence, or fix a larger --cp "
+            f"(pipeline parallelism is not modelled yet)"
         )
     return "\n".join(lines)

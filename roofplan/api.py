@@ -173,7 +173,17 @@ def plan(
     parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=max(gpus_per_node, 1))
     grad_sync = _grad_sync(fsdp_grad_sync, gpus, zero_stage)
     if gpus == 1:
+        for flag, degree in (("--tp", tp), ("--cp", cp)):
+            if degree is not None and degree != 1:
+                raise ConfigError(f"{flag}: {degree} needs several GPUs; give --gpus (a multiple of {degree}) or leave "
+                                  f"{flag} out")
         tp = cp = 1
+    if save_list is not None and ckpt_policy not in (None, CheckpointPolicy.OPS):
+        raise ConfigError(f"--save-list: applies to --checkpoint-policy ops (per-op selective checkpointing), not "
+                          f"{ckpt_policy.value}; leave it out or use --checkpoint-policy ops")
+    if cp is not None and cp > 1 and zero_stage is not None and zero_stage < 2:
+        raise ConfigError(f"--cp: context parallelism runs with FSDP2 over the data- and context-parallel ranks; "
+                          f"--zero-stage {zero_stage} is DDP or ZeRO-1: use --zero-stage 2 or 3, or leave it out")
     if (micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None
             and (gpus == 1 or (zero_stage is not None and tp is not None and cp is not None))):
         zero_stages(training, gpus, gpus_per_node, zero_stage)
@@ -228,7 +238,8 @@ def plan(
         if on_stage is not None:
             on_stage("nothing fits: finding the fewest GPUs that would hold it")
         raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, _scale_out(
-            model, training, hw, cap, space.precisions, gpus, gpus_per_node, grad_sync, allow_segments)),
+            model, training, hw, cap, space.precisions, gpus, gpus_per_node, grad_sync, allow_segments, ckpt_policy,
+            saved)),
             closest=closest)
     return Plan(
         model=summarize_model(model),
@@ -245,12 +256,14 @@ def plan(
 
 def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap: int,
                precisions: tuple[PrecisionPolicy, ...], gpus: int, gpus_per_node: int,
-               grad_sync: GradSync = GradSync.EVERY, allow_segments: bool = True) -> str | None:
-    """"N GPUs with ZeRO-s would hold it" for the fewest N above ``gpus``, or None."""
+               grad_sync: GradSync = GradSync.EVERY, allow_segments: bool = True,
+               checkpoint_policy: CheckpointPolicy | None = None, save: SaveList | None = None) -> str | None:
+    """"N GPUs with ZeRO-s would hold it" for the fewest N above ``gpus``, or None (the user's
+    checkpoint policy kept, and named in the command)."""
     from search.scaling import fewest_gpus
 
     found = fewest_gpus(model, training, hw, cap, precisions, gpus_per_node, start=gpus, fsdp_grad_sync=grad_sync,
-                        allow_segments=allow_segments)
+                        allow_segments=allow_segments, checkpoint_policy=checkpoint_policy, save_list=save)
     if found is None:
         return None
     n, knobs = found
@@ -258,8 +271,9 @@ def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, c
     dims = knobs.parallel
     tp = f" --tp {dims.tp}" if dims.tp > 1 else ""
     cp = f" --cp {dims.cp}" if dims.cp > 1 else ""
+    policy = f" --checkpoint-policy {checkpoint_policy.value}" if checkpoint_policy is not None else ""
     return (f"it fits on {n} GPUs as {layout_label(dims)} ({knobs.precision.value}, micro-batch "
-            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}{tp}{cp}{flag}")
+            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}{tp}{cp}{policy}{flag}")
 
 
 def validate(

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how checkpointed blocks are checkpointed: the whole block, the attention core alone "
                         "(Korthikanti's selective recompute), or per op keeping --save-list's outputs (torchtitan's "
                         "selective op AC); searched if omitted")
-    p.add_argument("--save-list", default="torchtitan",
+    p.add_argument("--save-list", default=None,
                    help="with --checkpoint-policy ops: torchtitan (every second matmul, SDPA, reduce-scatter; the "
                         "default) or a comma list of matmul, attention, reduce_scatter (every one kept)")
     p.add_argument("--attention", choices=("flash", "eager"), default=None, help="attention implementation")

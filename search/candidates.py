@@ -64,19 +64,19 @@ class Evaluation:
 
 def _per_block_curve(
     model: ModelConfig, training: TrainConfig, hw: HardwareProfile, base: Knobs, graph: LayerGraph,
-    all_checkpointed: Timeline, walks: dict[str, Timeline] | None = None,
+    all_checkpointed: Timeline, plain: list[Timeline] | None = None,
 ) -> list[tuple[int, tuple[int, ...]]]:
     """For k = 0..L checkpointed blocks: the lowest peak and a placement reaching it (``graph``:
-    the point's rank graph; ``walks`` keeps the walk without checkpointing for the next policy)."""
+    the point's rank graph; ``plain`` keeps the walk without checkpointing for the next policy)."""
     static = static_for(graph, hw, training, base)
     policy, save = base.checkpoint_policy, base.save_list
-    walks = {} if walks is None else walks
-    if "plain" not in walks:
-        walks["plain"] = simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, ()),
-                                       base.schedule, record_trace=True)
+    plain = [] if plain is None else plain
+    if not plain:
+        plain.append(simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, ()),
+                                   base.schedule, record_trace=True))
     try:
         profile = placement_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed, policy, save,
-                                    walks["plain"])
+                                    plain[0])
         return profile.min_peak_by_count()
     except NotDecomposableError:
         pass
@@ -111,7 +111,7 @@ def evaluate(
     allow_segments: bool = True,
     prune: bool = True,
     gpus_per_node: int = 8,
-    beat_s: float | None = None,
+    beat: tuple[float, int] | None = None,
     policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,),
 ) -> Evaluation:
     """The fastest plan at this point (``base``: its micro-batch, precision and layout,
@@ -119,8 +119,9 @@ def evaluate(
     checkpoint ``policies`` solved exactly for its placement.
 
     With ``prune``, a point whose lower bound already exceeds the cap is not walked at all, nor
-    one whose step time without recompute or communication (what every placement of it takes at
-    least) is above ``beat_s``, the fastest plan found so far: neither can be the answer."""
+    one dominated by plans found before (``beat``: a step time and device bytes): its step time
+    without recompute or communication (what every placement of it takes at least) above the
+    time, and the least memory any placement reaches not below the bytes."""
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
         est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
@@ -133,14 +134,14 @@ def evaluate(
         return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
     graph = rank_graph(model, training, base, spec, gpus_per_node)
     times, no_recompute = rank_timing(graph, hw, training, base, frozenset())
-    if prune and beat_s is not None and no_recompute.step_time_s > beat_s:
+    if prune and beat is not None and no_recompute.step_time_s > beat[0] and floor >= beat[1]:
         point = ParetoPoint(step_time_s=no_recompute.step_time_s, device_bytes=floor, knobs=base)
         return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
     fwd_s = dict(zip(times.names, times.fwd_s, strict=True))
     static = static_for(graph, hw, training, base)
     points: list[ParetoPoint] = []
     all_peak = None
-    walks: dict[str, Timeline] = {}  # the walk without checkpointing, shared by the policies
+    plain: list[Timeline] = []  # the walk without checkpointing, shared by the policies
     for policy in policies:  # a policy whose plan without checkpointing fits needs no other
         if any(p.device_bytes <= cap_bytes and not p.knobs.checkpoint_blocks for p in points):
             break
@@ -148,7 +149,7 @@ def evaluate(
             continue
         knobs = base.model_copy(update={"checkpoint_policy": policy})
         peak, placed = _policy_points(model, training, hw, knobs, graph, static, fwd_s, no_recompute, cap_bytes,
-                                      gpus_per_node, walks)
+                                      gpus_per_node, plain)
         points += placed
         if policy is CheckpointPolicy.FULL:
             all_peak = peak
@@ -173,7 +174,7 @@ def evaluate(
 
 def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs, graph: LayerGraph,
                    static: object, fwd_s: dict[str, float], no_recompute: object, cap_bytes: int,
-                   gpus_per_node: int, walks: dict[str, Timeline]) -> tuple[int, list[ParetoPoint]]:
+                   gpus_per_node: int, plain: list[Timeline]) -> tuple[int, list[ParetoPoint]]:
     """The exact placements of ``knobs``' checkpoint policy, one per count of checkpointed blocks
     (a step's time is additive in the forward time each checkpointed block's policy runs again),
     and the peak with every block checkpointed."""
@@ -186,7 +187,7 @@ def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
                              knobs.schedule, record_trace=True)
     all_peak = all_walk.peak.bytes
     if device_bytes(all_peak, hw) <= cap_bytes:
-        curve = _per_block_curve(model, training, hw, knobs, graph, all_walk, walks)
+        curve = _per_block_curve(model, training, hw, knobs, graph, all_walk, plain)
     else:  # not even every block checkpointed fits: no per-block placement can
         curve = [(all_peak, (1,) * n)]
     points = []

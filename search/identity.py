@@ -36,7 +36,9 @@ Distributions = dict[str, optuna.distributions.BaseDistribution]
 
 _IDENTITY_KEY = "roofplan_study"
 TRIAL_TAG = "study_identity"
-_IDENTITY_VERSION = 1
+# 2: the space gained context parallelism, checkpoint policies and the (tp, cp) layouts; the model
+# its implementation and attention variants
+_IDENTITY_VERSION = 2
 _DOC_FIELDS = frozenset({"description", "sources", "time_validation", "figure_sources"})  # text, not figures
 _LAYOUT_FIELDS = ("world_size", "gpus_per_node", "fsdp_grad_sync")
 _LABELS = frozenset({"model.name"})  # shown, never compared: a label does not change a trial's value
@@ -180,8 +182,9 @@ def join(study: optuna.Study, created: bool, identity: dict[str, Any], ours: Dis
     if not (isinstance(stored, dict) and stored.get("version") == _IDENTITY_VERSION
             and isinstance(stored.get("identity"), dict)):
         version = stored.get("version") if isinstance(stored, dict) else None
-        raise _refuse(study_name, f"this study's record of what it is for has a format this roofplan does not read "
-                               f"(version {version!r}, expected {_IDENTITY_VERSION})")
+        raise _refuse(study_name, f"this study was made by another roofplan version (its record is version "
+                               f"{version!r}, this one writes {_IDENTITY_VERSION}), whose trials cannot be compared "
+                               "with this one's")
     theirs: dict[str, Any] = stored["identity"]
     if _compared(theirs) != _compared(identity):
         differs = "; ".join(_differences(theirs, identity))

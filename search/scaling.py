@@ -8,16 +8,15 @@ the advice agrees with the smallest plan the message reports.
 from __future__ import annotations
 
 from hardware.profile import HardwareProfile
+from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
 from planner.knobs import GradSync, Knobs
 from planner.parallel import MODELLED_STAGES
 from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy
-from planner.strategies.context import check_context_parallel
-from planner.strategies.tensor import check_tensor_parallel
 from search.smallest import first_fitting
-from search.space import MIN_CONTEXT_SHARD_TOKENS, build_space, divisors
+from search.space import build_space, context_degrees, divisors, layout_refusal
 
 
 def fewest_gpus(
@@ -30,6 +29,8 @@ def fewest_gpus(
     start: int = 1,
     fsdp_grad_sync: GradSync = GradSync.EVERY,
     allow_segments: bool = True,
+    checkpoint_policy: CheckpointPolicy | None = None,
+    save_list: SaveList = TORCHTITAN_SAVE_LIST,
 ) -> tuple[int, Knobs] | None:
     """The smallest GPU count above ``start`` on which some plan fits, with the least sharding
     that makes it fit (data parallelism alone, ZeRO-0 to 3, then tensor parallelism, then context
@@ -37,54 +38,34 @@ def fewest_gpus(
     the global batch times a tensor-parallel degree the model allows inside a node times a
     context-parallel degree it allows (each rank keeping ``MIN_CONTEXT_SHARD_TOKENS`` of a
     sequence). With ``GradSync.LAST`` only ZeRO-2/3 are tried (the mode exists only there), priced
-    in that mode."""
-    degrees = [tp for tp in divisors(gpus_per_node) if _runs(model, training, tp, 1)]
-    contexts = [cp for cp in _powers_of_two(training.seq_len // MIN_CONTEXT_SHARD_TOKENS)
-                if _runs(model, training, 1, cp)]
+    in that mode; a fixed ``checkpoint_policy`` is kept."""
+    seq = training.seq_len
+    degrees = [tp for tp in divisors(gpus_per_node) if layout_refusal(model, seq, tp, 1) is None]
+    contexts = [cp for cp in context_degrees(seq, divisors(seq)) if layout_refusal(model, seq, 1, cp) is None]
     counts = sorted({dp * tp * cp for dp in divisors(training.global_batch_size) for tp in degrees for cp in contexts})
     for gpus in counts:
         if gpus <= start:
             continue
         layouts = [(stage, 1, 1) for stage in MODELLED_STAGES] + [
-            (stage, tp, 1) for tp in degrees if tp > 1 and not gpus % tp for stage in (0, 2, 3)] + [
-            (stage, tp, cp) for cp in contexts if cp > 1 for tp in degrees if not gpus % (tp * cp) for stage in (2, 3)]
+            (stage, tp, 1) for tp in degrees if tp > 1 and not gpus % tp for stage in MODELLED_STAGES] + [
+            (stage, tp, cp) for cp in contexts if cp > 1 for tp in degrees if not gpus % (tp * cp)
+            for stage in MODELLED_STAGES]
         for stage, tp, cp in layouts:
-            try:
+            try:  # the layout's own rules (a stage needs ranks to shard over; cp runs under FSDP2)
                 dims = ParallelDims.data_parallel_of(gpus, stage, tp=tp, cp=cp)
-            except ValueError:  # a stage without several data-parallel ranks
+            except ValueError:
                 continue
             fsdp = dims.shards_parameters
             if fsdp_grad_sync is GradSync.LAST and not fsdp:  # the mode exists only under FSDP2
-                continue
-            if tp > 1 and dims.data_parallel > 1 and not fsdp:  # DDP/ZeRO-1 x TP is not modelled
                 continue
             try:
                 space = build_space(model, training, hw, precisions, allow_segments=allow_segments, gpus=gpus,
                                     gpus_per_node=gpus_per_node, zero_stage=stage,
                                     fsdp_grad_sync=fsdp_grad_sync if fsdp else GradSync.EVERY, tensor_parallel=tp,
-                                    context_parallel=cp)
+                                    context_parallel=cp, checkpoint_policy=checkpoint_policy, save_list=save_list)
             except ConfigError:  # no policy of the request runs at this layout
                 continue
             found = first_fitting(model, training, hw, space, cap_bytes)
             if found is not None:
                 return gpus, found.knobs
     return None
-
-
-def _runs(model: ModelConfig, training: TrainConfig, tp: int, cp: int) -> bool:
-    """Whether PyTorch can run this model at these tensor- (with SP) and context-parallel degrees."""
-    dims = ParallelDims(tp=tp, sp=tp > 1, cp=cp, sharding="full" if cp > 1 else None)
-    try:
-        check_tensor_parallel(model, training.seq_len // cp, dims)
-        check_context_parallel(model, training.seq_len, dims)
-    except ConfigError:
-        return False
-    return True
-
-
-def _powers_of_two(limit: int) -> list[int]:
-    """1, 2, 4, ... up to ``limit`` (at least 1): the context-parallel degrees the advice tries."""
-    out = [1]
-    while out[-1] * 2 <= limit:
-        out.append(out[-1] * 2)
-    return out

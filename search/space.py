@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from hardware.profile import HardwareProfile
-from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
+from planner.checkpointing import CONTEXT_PARALLEL_REFUSAL, TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
 from planner.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.knobs import GradSync, Knobs
 from planner.parallel import MODELLED_STAGES, zero_stages
-from planner.parallel_dims import ParallelDims
+from planner.parallel_dims import ParallelDims, Sharding
 from planner.precision import PrecisionPolicy, precision_spec
 from planner.strategies import strategy_for
-from planner.strategies.context import check_context_parallel
+from planner.strategies.context import MIN_CONTEXT_SHARD_TOKENS, check_context_parallel
 from planner.strategies.tensor import check_tensor_parallel
 
 # The default policy (README "Search"): by default only a policy that trains like the fp32
@@ -41,13 +41,6 @@ PRECISION = "precision"
 ZERO_STAGE = "zero_stage"
 TP = "tp"
 CP = "cp"
-# the shortest share of a sequence a searched context-parallel degree leaves a rank: below it the
-# ring's blocks ((T/2cp) x (T/cp) per step) are shorter than the lengths where FlashAttention's
-# published rates level off (4-8k tokens, docs/kernel_benchmarks.md) and the key/value all-gather
-# hides behind less work (torchtitan applies CP to sequences of 32k tokens and more). It also keeps
-# the layout search within its time budget (benchmarks/plan_speed.py); --cp fixes any degree
-MIN_CONTEXT_SHARD_TOKENS = 4096
-
 Choice = int | str | bool
 Point = dict[str, Choice]
 
@@ -68,6 +61,9 @@ class SearchSpace(BaseModel):
     # per-op policy keeping ``save_list``
     checkpoint_policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,)
     save_list: SaveList = TORCHTITAN_SAVE_LIST
+    # the (tp, cp) pairs PyTorch runs here and that leave whole sequences to every data-parallel
+    # rank (``layout_degrees``): the tp and cp dimensions' choices combine only as these
+    layouts: tuple[tuple[int, int], ...] = ((1, 1),)
 
     # --- the dimensions -------------------------------------------------------------------
     @property
@@ -121,7 +117,7 @@ class SearchSpace(BaseModel):
         always runs under FSDP2), its precision runs under its strategy and its micro-batch divides
         each data-parallel rank's sequences."""
         tp, cp, stage = int(point.get(TP, 1)), int(point.get(CP, 1)), int(point[ZERO_STAGE])
-        if self.world_size % (tp * cp):
+        if (tp, cp) not in self.layouts:
             return False
         data = self.world_size // (tp * cp)
         if (data * cp == 1 and stage) or (tp > 1 and data > 1 and stage < 2) or (cp > 1 and stage < 2):
@@ -213,39 +209,52 @@ def default_checkpoint_policies(model: ModelConfig) -> tuple[CheckpointPolicy, .
     return policies + ((CheckpointPolicy.ATTENTION,) if model.attention is AttentionImpl.EAGER else ())
 
 
+def layout_refusal(model: ModelConfig, seq_len: int, tp: int, cp: int, sequence_parallel: bool = True) -> str | None:
+    """Why PyTorch cannot run this model at these tensor- (with SP) and context-parallel degrees,
+    as ``planner.strategies`` words it (``parallel.tp: ...``), or None."""
+    dims = ParallelDims(tp=tp, sp=sequence_parallel and tp > 1, cp=cp, sharding=Sharding.FULL if cp > 1 else None)
+    try:
+        check_tensor_parallel(model, seq_len // cp, dims)
+        check_context_parallel(model, seq_len, dims)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+def context_degrees(seq_len: int, candidates: Iterable[int]) -> tuple[int, ...]:
+    """The context-parallel degrees the search tries: those leaving each rank at least
+    ``MIN_CONTEXT_SHARD_TOKENS`` of a sequence (1 always)."""
+    return tuple(cp for cp in candidates if cp == 1 or seq_len // cp >= MIN_CONTEXT_SHARD_TOKENS)
+
+
+def _as_flag(refusal: str) -> str:
+    """``parallel.cp: ...`` -> ``--cp: ...`` (the flag a user sets for that field)."""
+    field, _, rest = refusal.partition(": ")
+    flag = {"parallel.tp": "--tp", "parallel.sp": "--no-sequence-parallel", "parallel.cp": "--cp"}.get(field)
+    return f"{flag}: {rest}" if flag else refusal
+
+
 def layout_degrees(model: ModelConfig, training: TrainConfig, gpus: int, gpus_per_node: int, fixed_tp: int | None,
-                   fixed_cp: int | None, sequence_parallel: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The tensor- and context-parallel degrees a request allows: ``--tp`` / ``--cp`` if given
+                   fixed_cp: int | None, sequence_parallel: bool) -> tuple[tuple[int, int], ...]:
+    """The (tensor-, context-parallel) degree pairs a request allows: ``--tp`` / ``--cp`` if given
     (checked, the error naming the flag), else every degree that divides the GPUs and that
-    PyTorch can run on this model: tensor parallelism inside a node (its collectives are on the
-    critical path: NVLink; heads, key/value heads, tied embeddings, the sequence under SP),
-    context parallelism leaving each rank at least ``MIN_CONTEXT_SHARD_TOKENS`` of a sequence
-    (flash attention, rotary positions, 2 cp equal chunks). Together they must leave data-parallel
-    ranks that divide the global batch (every rank gets whole sequences)."""
+    PyTorch can run on this model (``layout_refusal``): tensor parallelism inside a node (its
+    collectives are on the critical path: NVLink), context parallelism leaving each rank at least
+    ``MIN_CONTEXT_SHARD_TOKENS`` of a sequence. Together they must leave data-parallel ranks that
+    divide the global batch (every rank gets whole sequences)."""
     seq, batch = training.seq_len, training.global_batch_size
-
-    def problem(tp: int, cp: int) -> str | None:
-        dims = ParallelDims(tp=tp, sp=sequence_parallel and tp > 1, cp=cp, sharding="full" if cp > 1 else None)
-        try:
-            check_tensor_parallel(model, seq // cp, dims)
-            check_context_parallel(model, seq, dims)
-        except ConfigError as error:
-            return str(error)
-        return None
-
     for flag, fixed in (("--tp", fixed_tp), ("--cp", fixed_cp)):
         if fixed is not None and (fixed <= 0 or gpus % fixed):
             raise ConfigError(f"{flag}: {fixed} must be a positive divisor of the {gpus} GPUs (--gpus)")
     tps = (fixed_tp,) if fixed_tp is not None else tuple(tp for tp in divisors(gpus) if tp <= gpus_per_node)
-    cps = (fixed_cp,) if fixed_cp is not None else tuple(
-        cp for cp in divisors(gpus) if cp == 1 or seq // cp >= MIN_CONTEXT_SHARD_TOKENS)
-    pairs = [(tp, cp) for tp in tps for cp in cps if not gpus % (tp * cp)]
-    for flag, fixed, alone in (("--tp", fixed_tp, lambda d: problem(d, fixed_cp or 1)),
-                               ("--cp", fixed_cp, lambda d: problem(fixed_tp or 1, d))):
-        if fixed is not None and fixed > 1 and (refusal := alone(fixed)) is not None:
-            raise ConfigError(f"{flag}: " + refusal.split(": ", 1)[1])
-    runnable = [(tp, cp) for tp, cp in pairs if problem(tp, cp) is None]
-    whole = [(tp, cp) for tp, cp in runnable if not batch % (gpus // (tp * cp))]
+    cps = (fixed_cp,) if fixed_cp is not None else context_degrees(seq, divisors(gpus))
+    if fixed_tp is not None or fixed_cp is not None:
+        refusal = layout_refusal(model, seq, fixed_tp or 1, fixed_cp or 1, sequence_parallel)
+        if refusal is not None:
+            raise ConfigError(_as_flag(refusal))
+    pairs = [(tp, cp) for tp in tps for cp in cps if not gpus % (tp * cp)
+             and layout_refusal(model, seq, tp, cp, sequence_parallel) is None]
+    whole = tuple((tp, cp) for tp, cp in pairs if not batch % (gpus // (tp * cp)))
     if not whole:
         if fixed_tp is not None or fixed_cp is not None:
             tp, cp = fixed_tp or 1, fixed_cp or 1
@@ -255,7 +264,7 @@ def layout_degrees(model: ModelConfig, training: TrainConfig, gpus: int, gpus_pe
         raise ConfigError(f"--gpus: {gpus} must be a positive divisor of the global batch {batch} (so every GPU gets "
                           "whole sequences), or a multiple of one by tensor- and context-parallel degrees the model "
                           "allows (--tp, --cp)")
-    return tuple(sorted({tp for tp, _ in whole})), tuple(sorted({cp for _, cp in whole}))
+    return whole
 
 
 def build_space(
@@ -283,14 +292,12 @@ def build_space(
     stages = zero_stages(training, gpus, gpus_per_node, zero_stage)
     if checkpoint_policy is CheckpointPolicy.OPS and context_parallel != 1:
         if context_parallel is not None:
-            raise ConfigError("--checkpoint-policy: per-op selective checkpointing under context parallelism is not "
-                              "modelled; use full or attention with --cp, or --cp 1")
+            raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
         context_parallel = 1  # the only degree the fixed policy runs with
     rebuilt = (checkpoint_policy,) if checkpoint_policy is not None else default_checkpoint_policies(model)
-    tps, cps = layout_degrees(model, training, gpus, gpus_per_node, tensor_parallel, context_parallel,
-                              sequence_parallel)
-    shares = {training.global_batch_size * tp * cp // gpus for tp in tps for cp in cps
-              if not gpus % (tp * cp) and not training.global_batch_size % (gpus // (tp * cp))}  # per data-parallel rank
+    layouts = layout_degrees(model, training, gpus, gpus_per_node, tensor_parallel, context_parallel, sequence_parallel)
+    tps, cps = tuple(sorted({tp for tp, _ in layouts})), tuple(sorted({cp for _, cp in layouts}))
+    shares = {training.global_batch_size * tp * cp // gpus for tp, cp in layouts}  # sequences per data-parallel rank
     if micro_batch_size is not None:
         if micro_batch_size <= 0 or not any(share % micro_batch_size == 0 for share in shares):
             per = " or ".join(str(share) for share in sorted(shares))
@@ -324,7 +331,8 @@ def build_space(
         return SearchSpace(dimensions=dimensions, world_size=gpus, global_batch_size=training.global_batch_size,
                            gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks,
                            allow_segments=allow_segments, fsdp_grad_sync=fsdp_grad_sync,
-                           sequence_parallel=sequence_parallel, checkpoint_policies=rebuilt, save_list=save_list)
+                           sequence_parallel=sequence_parallel, checkpoint_policies=rebuilt, save_list=save_list,
+                           layouts=layouts)
 
     space = space_of(chosen)
     runnable = tuple(p for p in chosen if any(point[PRECISION] == p.value for point in space.points()))
@@ -343,4 +351,4 @@ def build_space(
 
 
 __all__ = ["CP", "MICRO_BATCH", "MODELLED_STAGES", "PRECISION", "TP", "ZERO_STAGE", "Point", "SearchSpace",
-           "build_space", "divisors", "layout_degrees"]
+           "build_space", "context_degrees", "divisors", "layout_degrees", "layout_refusal"]

@@ -20,7 +20,6 @@ workload is refused before it adds a trial.
 from __future__ import annotations
 
 import inspect
-import math
 import os
 import socket
 import time
@@ -203,17 +202,23 @@ def run_search(
 
     start = time.perf_counter()
     evaluations: dict[tuple[object, ...], Evaluation] = {}
-    fastest = [math.inf]  # the fastest plan that fits priced so far: points that cannot beat it are bounded only
+    # the plans that fit priced so far, fastest first: a point none of whose placements can be among
+    # the best 1 + n_alternatives, nor smaller than the fastest, is bounded (never on the answer,
+    # the runners-up or the Pareto front)
+    kept: list[ParetoPoint] = []
     bound = options.sampler is not SamplerKind.EXHAUSTIVE  # the grid is the reference: it walks every point
 
     def price(point: Point) -> Evaluation:
         key = space.key(point)
         if key not in evaluations:
+            rank = 1 + options.n_alternatives
+            beat = (kept[rank - 1].step_time_s, kept[0].device_bytes) if bound and len(kept) >= rank else None
             ev = evaluate(model, training, hw, cap_bytes, space.knobs_at(training, point), space.fixed_checkpoint,
-                          space.allow_segments, gpus_per_node=space.gpus_per_node,
-                          beat_s=fastest[0] if bound else None, policies=space.checkpoint_policies)
+                          space.allow_segments, gpus_per_node=space.gpus_per_node, beat=beat,
+                          policies=space.checkpoint_policies)
             if ev.fits and not ev.pruned:
-                fastest[0] = min(fastest[0], ev.chosen.step_time_s)
+                kept.append(ev.chosen)
+                kept.sort(key=lambda p: (p.step_time_s, p.device_bytes))
             evaluations[key] = ev
         return evaluations[key]
 

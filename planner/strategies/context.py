@@ -27,6 +27,13 @@ from planner.implementations import effective_loss
 from planner.ops.base import OpKind
 from planner.parallel_dims import ParallelDims
 
+# the shortest share of a sequence a searched context-parallel degree leaves a rank: below it the
+# ring's blocks ((T/2cp) x (T/cp) per step) are shorter than the lengths where FlashAttention's
+# published rates level off (4-8k tokens, docs/kernel_benchmarks.md) and the key/value all-gather
+# hides behind less work (torchtitan applies CP to sequences of 32k tokens and more). It also keeps
+# the layout search within its time budget (benchmarks/plan_speed.py); --cp fixes any degree
+MIN_CONTEXT_SHARD_TOKENS = 4096
+
 
 def check_context_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) -> None:
     """Refuse layouts PyTorch cannot run as planned, naming the field and the fix."""

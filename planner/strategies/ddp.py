@@ -19,6 +19,7 @@ from planner.memory_types import StaticMemory
 from planner.ops.base import ParamTensor
 from planner.optimizer import OptimizerSpec
 from planner.parallel import Communication, ParallelConfig, ddp_communication, zero1_partition
+from planner.parallel_dims import Group
 from planner.precision import PrecisionSpec
 from planner.strategies.base import SingleDevice
 from planner.timing import TimeBreakdown
@@ -49,7 +50,7 @@ class Ddp(SingleDevice):
         window = (time.backward_s + time.recompute_s) / knobs.grad_accum_steps  # the last micro-batch's backward
         return ddp_communication(grad_bytes, param_bytes, self.shards_optimizer, hw,
                                  ParallelConfig(world_size=knobs.data_parallel,
-                                                gpus_per_node=knobs.parallel.ranks_per_node("dp", gpus_per_node)), window)
+                                                gpus_per_node=knobs.parallel.ranks_per_node(Group.DP, gpus_per_node)), window)
 
     def _grads_at_loss(self, knobs: Knobs) -> bool:
         return True  # DDP's buckets exist for the whole step

@@ -21,6 +21,7 @@ from planner.memory_types import StaticMemory
 from planner.ops.base import ParamTensor
 from planner.optimizer import OptimizerSpec
 from planner.parallel import Communication, ParallelConfig
+from planner.parallel_dims import Group
 from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
 from planner.strategies.base import SingleDevice, refuse
 from planner.timing import TimeBreakdown
@@ -92,7 +93,7 @@ class Fsdp2(SingleDevice):
         n = knobs.grad_accum_steps
         return fsdp_communication(self.layout(graph, knobs, hw), hw,
                                   ParallelConfig(world_size=knobs.parallel.fsdp_ranks,
-                                                 gpus_per_node=knobs.parallel.ranks_per_node("fsdp", gpus_per_node)), n,
+                                                 gpus_per_node=knobs.parallel.ranks_per_node(Group.FSDP, gpus_per_node)), n,
                                   time.forward_s / n, (time.backward_s + time.recompute_s) / n)
 
     def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,

@@ -22,11 +22,13 @@ LONG = ModelConfig(family="llama", n_layers=2, d_model=128, n_heads=4, n_kv_head
 
 def test_the_searched_degrees_leave_each_rank_a_long_enough_shard() -> None:
     training = TrainConfig(seq_len=16384, global_batch_size=8)
-    tps, cps = layout_degrees(LONG, training, 8, 8, None, None, True)
-    assert cps == tuple(cp for cp in (1, 2, 4) if 16384 // cp >= MIN_CONTEXT_SHARD_TOKENS)
-    assert tps == (1, 2)  # 2 key/value heads: tp 4 and 8 are refused
+    layouts = layout_degrees(LONG, training, 8, 8, None, None, True)
+    tps, cps = sorted({tp for tp, _ in layouts}), sorted({cp for _, cp in layouts})
+    assert cps == [cp for cp in (1, 2, 4) if 16384 // cp >= MIN_CONTEXT_SHARD_TOKENS]
+    assert tps == [1, 2]  # 2 key/value heads: tp 4 and 8 are refused
+    assert all(8 % (tp * cp) == 0 and 8 % (8 // (tp * cp)) == 0 for tp, cp in layouts)
     space = build_space(LONG, training, HW, gpus=8, tensor_parallel=None, context_parallel=None)
-    assert space.dimensions[CP] == cps
+    assert list(space.dimensions[CP]) == cps
     assert all(space.layout(p).world_size == 8 for p in space.points())
     short = TrainConfig(seq_len=4096, global_batch_size=8)
     assert CP not in build_space(LONG, short, HW, gpus=8, tensor_parallel=None, context_parallel=None).dimensions
@@ -67,8 +69,8 @@ def test_cp_flag_fixes_the_degree_and_the_report_shows_it(capsys: pytest.Capture
 
 @pytest.mark.parametrize(("argv", "needle"), [
     (["--cp", "3"], "--cp: 3 must be a positive divisor of the 8 GPUs"),
-    (["--cp", "2", "--zero-stage", "0"], "ZeRO-1 and DDP need one GPU per tensor-parallel group or none and no "
-                                         "context parallelism"),
+    (["--cp", "2", "--zero-stage", "0"], "--cp: context parallelism runs with FSDP2 over the data- and "
+                                         "context-parallel ranks; --zero-stage 0 is DDP or ZeRO-1"),
     (["--cp", "2", "--attention", "eager"], "--cp: context parallelism runs scaled_dot_product_attention"),
 ])
 def test_bad_cp_requests_are_one_line(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,3 +101,46 @@ def test_api_refuses_a_degree_that_does_not_divide() -> None:
     with pytest.raises(ConfigError, match="--tp x --cp: 4 x 4 must divide the 8 GPUs"):
         api.plan(LONG, training, HW, gpus=8, tp=4, cp=4, zero_stage=3, micro_batch_size=1, precisions=["bf16-mixed"],
                  checkpoint="none")
+
+
+def test_a_batch_smaller_than_the_data_parallel_ranks_is_not_a_plan() -> None:
+    """Regression: tp and cp were combined freely, so 8 GPUs for 2 sequences of 32k tokens tried
+    layouts with 8 data-parallel ranks (no whole sequence each) and crashed in Knobs."""
+    model, training = api.load_model("llama3-8b", seq_len=32768, global_batch_size=2)
+    space = build_space(model, training, HW, gpus=8, tensor_parallel=None, context_parallel=None)
+    for point in space.points():
+        assert training.global_batch_size % space.layout(point).data_parallel == 0
+    assert api.plan(model, training, HW, gpus=8).best.knobs.parallel.world_size == 8
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"gpus": 1, "cp": 2}, "--cp: 2 needs several GPUs"),
+    ({"gpus": 1, "tp": 2}, "--tp: 2 needs several GPUs"),
+    ({"gpus": 8, "cp": 2, "zero_stage": 1}, "--cp: context parallelism runs with FSDP2"),
+    ({"gpus": 8, "checkpoint_policy": "full", "save_list": "matmul"}, "--save-list: applies to --checkpoint-policy ops"),
+    ({"gpus": 8, "cp": 2, "checkpoint_policy": "ops"}, "--checkpoint-policy: per-op selective checkpointing under "
+                                                         "context parallelism"),
+    ({"gpus": 8, "tp": 2, "cp": 2, "model": "eager"}, "--cp: context parallelism runs scaled_dot_product_attention"),
+])
+def test_conflicting_flags_are_one_line_naming_the_flag(kwargs: dict, needle: str) -> None:
+    training = TrainConfig(seq_len=16384, global_batch_size=8)
+    model = LONG.model_copy(update={"attention": "eager"}) if kwargs.pop("model", None) else LONG
+    with pytest.raises(ConfigError) as info:
+        api.plan(model, training, HW, int(80e9), **kwargs)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_search_keeps_the_pareto_front_and_runners_up_of_exhaustive_enumeration() -> None:
+    """Points are bounded only when dominated (slower than the best few and no smaller than the
+    fastest): the best plan, the runners-up and the Pareto front are the grid's."""
+    training = TrainConfig(seq_len=16384, global_batch_size=8)
+    exhaustive = api.plan(LONG, training, HW, int(1.3e9), gpus=8, sampler="exhaustive")
+    bounded = api.plan(LONG, training, HW, int(1.3e9), gpus=8, n_trials=30)
+
+    def front(result: object) -> list[tuple[float, int]]:
+        return sorted((round(p.step_time_s, 12), p.device_bytes) for p in result.pareto)  # type: ignore[attr-defined]
+
+    assert bounded.best.estimate.step_time_s == pytest.approx(exhaustive.best.estimate.step_time_s, rel=1e-12)
+    assert front(bounded) == front(exhaustive)
+    assert [a.estimate.step_time_s for a in bounded.alternatives] == pytest.approx(
+        [a.estimate.step_time_s for a in exhaustive.alternatives], rel=1e-12)
