@@ -229,8 +229,9 @@ _GELUS = frozenset({Activation.GELU_PYTORCH_TANH, Activation.GELU, Activation.GE
 def implementation_problems(values: Mapping[str, Any]) -> list[str]:
     """What an implementation cannot run, and activations or losses that do not fit the model."""
     def member(enum: type[StrEnum], key: str) -> Any:
+        value = values.get(key)
         try:
-            return enum(values.get(key)) if values.get(key) is not None else None
+            return enum(str(value)) if value is not None else None
         except ValueError:
             return None  # the field's own validator names it
 

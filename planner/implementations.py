@@ -104,7 +104,7 @@ def effective_activation(model: ModelConfig) -> Activation:
 
 
 def effective_loss(model: ModelConfig) -> LossKind:
-    return model.loss or implementation_spec(model).loss
+    return LossKind(model.loss) if model.loss is not None else implementation_spec(model).loss
 
 
 def effective_loss_chunks(model: ModelConfig) -> int:

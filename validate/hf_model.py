@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -92,7 +93,7 @@ def _check(plan: PlanResult, model: ModelConfig) -> int | None:
 
 
 def _build(model: ModelConfig, knobs: Knobs, n_params: int, every: int | None) -> torch.nn.Module:
-    net = hf_model(model, param_dtype(precision_spec(knobs.precision)), n_params)
+    net: Any = hf_model(model, param_dtype(precision_spec(knobs.precision)), n_params)
     if every is not None:
         net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
                                             every_n_layers=every)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hardware.errors import ConfigError
-from planner.config import AttentionImpl, Family, ModelConfig
+from planner.config import AttentionImpl, Family, MlpKind, ModelConfig, NormKind, PositionKind
 from planner.implementations import effective_activation
 
 HF_VERSION = "5.24.0"  # the transformers whose sources planner.implementations describes
@@ -147,6 +147,7 @@ def as_a_gpu_runs_it(net: nn.Module, autocast: bool, fused_attention: bool) -> I
                         "dropout saves bool masks, as CUDA's native_dropout does (CPU's saves float noise)"]
     if fused_attention:
         dropped = False
+        module: Any
         for module in net.modules():
             inner = getattr(module, "attn_dropout", None)  # GPT-2 passes its p to SDPA as dropout_p
             if isinstance(inner, nn.Dropout) and inner.p > 0:
@@ -177,7 +178,7 @@ def hf_config(model: ModelConfig) -> Any:
     """The transformers config of ``model`` (one line naming the field for what it cannot express)."""
     import transformers
 
-    common = dict(vocab_size=model.vocab_size, tie_word_embeddings=bool(model.tie_embeddings), use_cache=False)
+    common: dict[str, Any] = dict(vocab_size=model.vocab_size, tie_word_embeddings=bool(model.tie_embeddings), use_cache=False)
     if model.family is Family.GPT2:
         act = effective_activation(model)
         return transformers.GPT2Config(
@@ -185,11 +186,11 @@ def hf_config(model: ModelConfig) -> Any:
             n_positions=model.position_rows, layer_norm_epsilon=model.norm_eps or 1e-5,
             activation_function=act.value, resid_pdrop=model.dropout, embd_pdrop=model.dropout,
             attn_pdrop=model.dropout, **common)
-    if model.mlp.value != "swiglu" or model.positions.value != "rotary" or model.norm.value != "rmsnorm":
+    if (model.mlp, model.positions, model.norm) != (MlpKind.SWIGLU, PositionKind.ROTARY, NormKind.RMSNORM):
         raise ConfigError(f"model: transformers' {model.family.value} runs a SwiGLU MLP, rotary positions and "
                           "RMSNorm; this model differs (mlp/positions/norm); use implementation: reference")
     rope = {"rope_type": "default", "rope_theta": model.rope_theta}
-    args = dict(hidden_size=model.d_model, intermediate_size=model.d_ff, num_hidden_layers=model.n_layers,
+    args: dict[str, Any] = dict(hidden_size=model.d_model, intermediate_size=model.d_ff, num_hidden_layers=model.n_layers,
                 num_attention_heads=model.n_heads, num_key_value_heads=model.kv_heads,
                 max_position_embeddings=model.max_seq_len or 4096, rms_norm_eps=model.norm_eps or 1e-6,
                 rope_parameters=rope, attention_dropout=model.dropout, **common)
