@@ -123,6 +123,12 @@ def knobs_table(result: PlanResult) -> Table:
     table.add_row("activation checkpointing", f"{len(blocks)} of {n_layers} blocks ({ckpt}){how}")
     t = result.training
     table.add_row("optimizer", f"{t.optimizer.value} ({t.optimizer_impl.value})")
+    model = result.model.config
+    if model.implementation.value != "reference" or model.loss is not None:
+        from planner.implementations import effective_loss, implementation_spec
+
+        table.add_row("implementation", f"{model.implementation.value} ({implementation_spec(model).library}), "
+                                        f"{effective_loss(model).value} loss")
     dims = k.parallel
     if dims.world_size > 1:
         nodes = result.parallel.nodes
@@ -174,9 +180,14 @@ def memory_table(result: PlanResult) -> Table:
         format_bytes(mem.activations_bytes),
     )
     vocab = f"{m.vocab_size}/{dims.tp}" if dims.tp > 1 else f"{m.vocab_size}"
+    from planner.config import LossKind
+    from planner.implementations import effective_loss
+
+    loss = effective_loss(m)
     table.add_row(
         "logits",
-        f"B·T·V = {k.micro_batch_size}·{local_seq_len(t.seq_len, dims)}·{vocab} × 4 B (fp32 log-probs, end of forward)",
+        f"B·T·V = {k.micro_batch_size}·{local_seq_len(t.seq_len, dims)}·{vocab} × 4 B (fp32 log-probs, end of forward)"
+        if loss is LossKind.PLAIN else f"none kept: the {loss.value} loss's chunks are transients of its forward",
         format_bytes(mem.logits_bytes),
     )
     at = mem.at_peak
