@@ -21,7 +21,7 @@ from hardware.profile import HardwareProfile
 from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes, parse_bytes
 from hardware.validation import describe_validation_error
-from planner.checkpointing import CheckpointPolicy, SaveList, parse_save_list
+from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList, parse_save_list
 from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import estimate
@@ -257,7 +257,8 @@ def plan(
 def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap: int,
                precisions: tuple[PrecisionPolicy, ...], gpus: int, gpus_per_node: int,
                grad_sync: GradSync = GradSync.EVERY, allow_segments: bool = True,
-               checkpoint_policy: CheckpointPolicy | None = None, save: SaveList | None = None) -> str | None:
+               checkpoint_policy: CheckpointPolicy | None = None,
+               save: SaveList = TORCHTITAN_SAVE_LIST) -> str | None:
     """"N GPUs with ZeRO-s would hold it" for the fewest N above ``gpus``, or None (the user's
     checkpoint policy kept, and named in the command)."""
     from search.scaling import fewest_gpus

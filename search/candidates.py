@@ -181,8 +181,9 @@ def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
     n = model.n_layers
     policy, save = knobs.checkpoint_policy, knobs.save_list
     # every block its own unit: what each one's recompute runs
-    rerun = recomputed_by_unit(graph, checkpoint_units(n, tuple(range(n)), (), policy, save))
-    rerun_s = [knobs.schedule.count(Phase.BACKWARD) * sum(fwd_s[name] for name in rerun.get(b, ())) for b in range(n)]
+    rerun_ops = recomputed_by_unit(graph, checkpoint_units(n, tuple(range(n)), (), policy, save))
+    rerun_s = [knobs.schedule.count(Phase.BACKWARD) * sum(fwd_s[name] for name in rerun_ops.get(b, ()))
+               for b in range(n)]
     all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(n, tuple(range(n)), (), policy, save),  # type: ignore[arg-type]
                              knobs.schedule, record_trace=True)
     all_peak = all_walk.peak.bytes

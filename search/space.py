@@ -337,9 +337,9 @@ def build_space(
     space = space_of(chosen)
     runnable = tuple(p for p in chosen if any(point[PRECISION] == p.value for point in space.points()))
     if not runnable:
-        layouts = sorted({(int(point[ZERO_STAGE]), int(point.get(TP, 1))) for point in space_of(tuple(PrecisionPolicy))
-                          .points()})
-        if not layouts:
+        stage_tps = sorted({(int(point[ZERO_STAGE]), int(point.get(TP, 1)))
+                            for point in space_of(tuple(PrecisionPolicy)).points()})
+        if not stage_tps:
             raise ConfigError(f"--zero-stage / --tp / --cp: no layout of {gpus} GPUs runs here: ZeRO-1 and DDP need "
                               "one GPU per tensor-parallel group or none and no context parallelism, ZeRO stages "
                               "need several ranks to shard over")
