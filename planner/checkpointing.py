@@ -103,36 +103,41 @@ CONTEXT_PARALLEL_REFUSAL = ("--checkpoint-policy: per-op selective checkpointing
 
 
 class CheckpointUnits(dict[int, int]):
-    """Block -> checkpoint unit id, and the policy the units run under (``planner.memory``)."""
+    """Block -> checkpoint unit id, and the policy each unit runs under (``planner.memory``):
+    ``policy`` unless ``overrides`` names another for the unit."""
 
     def __init__(self, units: dict[int, int], policy: CheckpointPolicy = CheckpointPolicy.FULL,
-                 save: SaveList = TORCHTITAN_SAVE_LIST) -> None:
+                 save: SaveList = TORCHTITAN_SAVE_LIST, overrides: dict[int, CheckpointPolicy] | None = None) -> None:
         super().__init__(units)
         self.policy = policy
         self.save = save
+        self.overrides = overrides or {}
+
+    def policy_of(self, unit: int) -> CheckpointPolicy:
+        return self.overrides.get(unit, self.policy)
 
 
 def op_units(kinds: list[OpKind], blocks: list[int | None], biases: list[bool],
              units: dict[int, int]) -> tuple[list[int | None], list[bool]]:
     """Per op of the graph (in order): its checkpoint unit (None: not checkpointed) and whether
     per-op selective checkpointing keeps its output (``cached``: not run again in the recompute)."""
-    policy = units.policy if isinstance(units, CheckpointUnits) else CheckpointPolicy.FULL
+    typed = units if isinstance(units, CheckpointUnits) else CheckpointUnits(units)
     unit: list[int | None] = [units.get(b) if b is not None else None for b in blocks]
     cached = [False] * len(kinds)
-    if policy is CheckpointPolicy.ATTENTION:
-        unit = [u if u is not None and kind in _ATTENTION_CORES else None for u, kind in zip(unit, kinds, strict=True)]
-    elif policy is CheckpointPolicy.OPS:
-        assert isinstance(units, CheckpointUnits)
-        saved = frozenset().union(*(_FAMILIES[op] for op in units.save.ops))
-        matmuls: dict[int, int] = {}
-        for i, (u, kind) in enumerate(zip(unit, kinds, strict=True)):
-            if u is None or kind not in saved:
-                continue
+    saved = frozenset().union(*(_FAMILIES[op] for op in typed.save.ops))
+    matmuls: dict[int, int] = {}
+    for i, (u, kind) in enumerate(zip(unit, kinds, strict=True)):
+        if u is None:
+            continue
+        policy = typed.policy_of(u)
+        if policy is CheckpointPolicy.ATTENTION and kind not in _ATTENTION_CORES:
+            unit[i] = None  # the attention core alone is the unit
+        elif policy is CheckpointPolicy.OPS and kind in saved:
             if kind is OpKind.LINEAR:
                 if biases[i]:
                     continue  # addmm: not aten.mm
                 matmuls[u] = matmuls.get(u, 0) + 1
-                if units.save.alternate_matmuls and matmuls[u] % 2 == 0:
+                if typed.save.alternate_matmuls and matmuls[u] % 2 == 0:
                     continue
             cached[i] = True
     return unit, cached

@@ -103,7 +103,8 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
             f"training.global_batch_size is {training.global_batch_size}; choose a micro-batch that divides it"
         )
     strategy_for(knobs.parallel).check(knobs)
-    if knobs.checkpoint_blocks and not modelled_with_context_parallelism(knobs.checkpoint_policy, knobs.parallel.cp):
+    policies = {knobs.checkpoint_policy, *knobs.policy_overrides.values()}
+    if knobs.checkpoint_blocks and not all(modelled_with_context_parallelism(p, knobs.parallel.cp) for p in policies):
         raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
     check_tensor_parallel(model, local_seq_len(training.seq_len, knobs.parallel), knobs.parallel)
     check_context_parallel(model, training.seq_len, knobs.parallel)
@@ -266,7 +267,7 @@ def estimate(
     graph = rank_graph(model, training, knobs, spec, gpus_per_node)
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
-                             knobs.checkpoint_policy, knobs.save_list)
+                             knobs.checkpoint_policy, knobs.save_list, knobs.policy_overrides)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.schedule)
     _, time = rank_timing(graph, hw, training, knobs, timeline.recomputed_ops)
     time = with_communication(graph, hw, knobs, gpus_per_node, time)

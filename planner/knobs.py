@@ -40,6 +40,8 @@ class Knobs(BaseModel):
         default=CheckpointPolicy.FULL, description="how checkpoint_blocks are checkpointed: the whole block, its "
         "attention core only, or per op with save_list (planner.checkpointing)")
     save_list: SaveList = Field(default=TORCHTITAN_SAVE_LIST, description="what the ops policy keeps")
+    block_policies: tuple[tuple[int, CheckpointPolicy], ...] = Field(
+        default=(), description="blocks of checkpoint_blocks checkpointed with another policy than checkpoint_policy")
     parallel: ParallelDims = Field(default_factory=ParallelDims, description="degrees of the parallel dimensions")
     fsdp_grad_sync: GradSync = Field(
         default=GradSync.EVERY, description="ZeRO-2/3: reduce-scatter after every micro-batch or only the last"
@@ -84,6 +86,9 @@ class Knobs(BaseModel):
             covered |= span
         if any(b < 0 for b in self.checkpoint_blocks):
             raise ValueError("checkpoint_blocks must be non-negative block indices")
+        others = {block for block, _ in self.block_policies}
+        if not others <= set(self.checkpoint_blocks) or len(others) != len(self.block_policies):
+            raise ValueError("block_policies: name each block once, and only blocks of checkpoint_blocks")
         if self.checkpoint_segments and self.checkpoint_policy is not CheckpointPolicy.FULL:
             raise ValueError(f"checkpoint_segments: segments checkpoint whole blocks; the {self.checkpoint_policy.value} "
                              "policy applies to blocks one by one (checkpoint_blocks)")
@@ -91,6 +96,11 @@ class Knobs(BaseModel):
             raise ValueError("fsdp_grad_sync 'last' applies to ZeRO-2/3 (FSDP2); DDP and ZeRO-1 already reduce "
                              "gradients once per step")
         return self
+
+    @property
+    def policy_overrides(self) -> dict[int, CheckpointPolicy]:
+        """Block -> its policy, where it is not ``checkpoint_policy``."""
+        return dict(self.block_policies)
 
     @property
     def checkpointed(self) -> frozenset[int]:

@@ -46,17 +46,18 @@ __all__ = [
 
 def checkpoint_units(n_layers: int, blocks: Sequence[int] | frozenset[int], segments: Sequence[tuple[int, int]] = (),
                      policy: CheckpointPolicy = CheckpointPolicy.FULL,
-                     save: SaveList = TORCHTITAN_SAVE_LIST) -> CheckpointUnits:
+                     save: SaveList = TORCHTITAN_SAVE_LIST,
+                     overrides: dict[int, CheckpointPolicy] | None = None) -> CheckpointUnits:
     """Block -> checkpoint unit id. Each block in ``blocks`` is its own unit, checkpointed with
-    ``policy`` (``planner.checkpointing``); a segment ``(first, last)`` checkpoints blocks
-    first..last together (Chen et al. 2016)."""
+    ``policy`` (``planner.checkpointing``) unless ``overrides`` names another for it; a segment
+    ``(first, last)`` checkpoints blocks first..last together (Chen et al. 2016)."""
     units: dict[int, int] = {}
     for first, last in segments:
         for block in range(first, last + 1):
             units[block] = first
     for block in blocks:
         units.setdefault(block, block)
-    return CheckpointUnits({b: u for b, u in units.items() if 0 <= b < n_layers}, policy, save)
+    return CheckpointUnits({b: u for b, u in units.items() if 0 <= b < n_layers}, policy, save, overrides)
 
 
 def recomputed_ops(graph: LayerGraph, units: dict[int, int]) -> frozenset[str]:

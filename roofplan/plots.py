@@ -114,7 +114,7 @@ def _trace(result: PlanResult) -> tuple[list[int], Any]:
     graph = rank_graph(model, training, knobs, spec, result.parallel.gpus_per_node)
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
-                             knobs.checkpoint_policy, knobs.save_list)
+                             knobs.checkpoint_policy, knobs.save_list, knobs.policy_overrides)
     timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.schedule, record_trace=True)
     return [e.live_bytes for e in timeline.trace], static
 

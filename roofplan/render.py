@@ -86,6 +86,13 @@ def _checkpoint_how(k: Knobs) -> str:
     """How the checkpointed blocks are checkpointed, for the configuration table."""
     if k.checkpoint_segments:
         return f", in {len(k.checkpoint_segments)} segments"
+    if k.block_policies:
+        counts = {p: 0 for p in CheckpointPolicy}
+        for block in k.checkpoint_blocks:
+            counts[k.policy_overrides.get(block, k.checkpoint_policy)] += 1
+        names = {CheckpointPolicy.FULL: "whole", CheckpointPolicy.ATTENTION: "attention core only",
+                 CheckpointPolicy.OPS: f"per op keeping {k.save_list.label}"}
+        return ": " + ", ".join(f"{n} {names[p]}" for p, n in counts.items() if n)
     return {CheckpointPolicy.FULL: ", whole blocks",
             CheckpointPolicy.ATTENTION: ", the attention core only (selective recompute)",
             CheckpointPolicy.OPS: f", per op keeping {k.save_list.label}"}[k.checkpoint_policy]

@@ -31,9 +31,10 @@ from planner.estimate import (
 from planner.graph import LayerGraph
 from planner.knobs import Knobs
 from planner.memory import Phase, Timeline, checkpoint_units, recomputed_by_unit, simulate_step
-from planner.placement import NotDecomposableError, placement_profile
+from planner.placement import NotDecomposableError, PlacementProfile, placement_profile
 from planner.results import ParetoPoint
 from planner.strategies import strategy_for
+from search.mixed import mixed_points
 
 BRUTE_FORCE_MAX_BLOCKS = 12
 
@@ -65,9 +66,11 @@ class Evaluation:
 def _per_block_curve(
     model: ModelConfig, training: TrainConfig, hw: HardwareProfile, base: Knobs, graph: LayerGraph,
     all_checkpointed: Timeline, plain: list[Timeline] | None = None,
+    profiles: dict[CheckpointPolicy, PlacementProfile] | None = None,
 ) -> list[tuple[int, tuple[int, ...]]]:
     """For k = 0..L checkpointed blocks: the lowest peak and a placement reaching it (``graph``:
-    the point's rank graph; ``plain`` keeps the walk without checkpointing for the next policy)."""
+    the point's rank graph; ``plain`` keeps the walk without checkpointing for the next policy,
+    ``profiles`` the policy's placement profile when the exact solver applies)."""
     static = static_for(graph, hw, training, base)
     policy, save = base.checkpoint_policy, base.save_list
     plain = [] if plain is None else plain
@@ -77,6 +80,8 @@ def _per_block_curve(
     try:
         profile = placement_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed, policy, save,
                                     plain[0])
+        if profiles is not None:
+            profiles[policy] = profile
         return profile.min_peak_by_count()
     except NotDecomposableError:
         pass
@@ -113,6 +118,7 @@ def evaluate(
     gpus_per_node: int = 8,
     beat: tuple[float, int] | None = None,
     policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,),
+    mix_policies: bool = True,
 ) -> Evaluation:
     """The fastest plan at this point (``base``: its micro-batch, precision and layout,
     checkpointing nothing) that fits ``cap_bytes`` (or the smallest one if none fits), each
@@ -121,7 +127,8 @@ def evaluate(
     With ``prune``, a point whose lower bound already exceeds the cap is not walked at all, nor
     one dominated by plans found before (``beat``: a step time and device bytes): its step time
     without recompute or communication (what every placement of it takes at least) above the
-    time, and the least memory any placement reaches not below the bytes."""
+    time, and the least memory any placement reaches not below the bytes. With ``mix_policies``, when checkpointing is needed,
+    plans mixing two policies across blocks (``search.mixed``) join the single-policy ones."""
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
         est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
@@ -142,17 +149,31 @@ def evaluate(
     points: list[ParetoPoint] = []
     all_peak = None
     plain: list[Timeline] = []  # the walk without checkpointing, shared by the policies
+    runs: dict[CheckpointPolicy, _PolicyRun] = {}
+    profiles: dict[CheckpointPolicy, PlacementProfile] = {}
     for policy in policies:  # a policy whose plan without checkpointing fits needs no other
-        if any(p.device_bytes <= cap_bytes and not p.knobs.checkpoint_blocks for p in points):
+        if _fits_plain(points, cap_bytes):
             break
         if not modelled_with_context_parallelism(policy, base.parallel.cp):
             continue
         knobs = base.model_copy(update={"checkpoint_policy": policy})
-        peak, placed = _policy_points(model, training, hw, knobs, graph, static, fwd_s, no_recompute, cap_bytes,
-                                      gpus_per_node, plain)
-        points += placed
+        runs[policy] = _policy_points(model, training, hw, knobs, graph, static, fwd_s, no_recompute, cap_bytes,
+                                      gpus_per_node, plain, profiles)
+        points += runs[policy].points
         if policy is CheckpointPolicy.FULL:
-            all_peak = peak
+            all_peak = runs[policy].all_peak
+    if mix_policies and len(runs) > 1 and not _fits_plain(points, cap_bytes) and any(
+            p.device_bytes <= cap_bytes for p in points):
+        for policy, run in runs.items():  # a policy too big on its own can still mix
+            if policy not in profiles and plain:
+                try:
+                    profiles[policy] = placement_profile(graph, static, hw.round_alloc, base.schedule, run.all_walk,
+                                                         policy, base.save_list, plain[0])
+                except NotDecomposableError:
+                    pass
+        single = [c for run in runs.values() for c in run.compute]
+        points += mixed_points(profiles, {p: r.rerun_s for p, r in runs.items()}, single, cap_bytes, graph, hw,
+                               base, no_recompute, gpus_per_node)
     fitting = [p for p in points if p.device_bytes <= cap_bytes]
     # segments keep one input per segment instead of one per block: at best they save all but
     # one block input; skip them when even that cannot reach the cap
@@ -172,12 +193,29 @@ def evaluate(
     return Evaluation(chosen=chosen, points=tuple(points), cap_bytes=cap_bytes)
 
 
+def _fits_plain(points: list[ParetoPoint], cap_bytes: int) -> bool:
+    """A plan without checkpointing fits: no policy (nor mix) can be faster."""
+    return any(p.device_bytes <= cap_bytes and not p.knobs.checkpoint_blocks for p in points)
+
+
+@dataclass(frozen=True)
+class _PolicyRun:
+    """One policy's plans at a point, its walk with every block checkpointed (and that peak), and
+    what each block's recompute takes under it."""
+
+    points: list[ParetoPoint]
+    all_walk: Timeline
+    all_peak: int
+    rerun_s: list[float]
+    compute: list[tuple[float, int]]  # each point's step time before communication, and its peak
+
+
 def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs, graph: LayerGraph,
                    static: object, fwd_s: dict[str, float], no_recompute: object, cap_bytes: int,
-                   gpus_per_node: int, plain: list[Timeline]) -> tuple[int, list[ParetoPoint]]:
+                   gpus_per_node: int, plain: list[Timeline],
+                   profiles: dict[CheckpointPolicy, PlacementProfile]) -> _PolicyRun:
     """The exact placements of ``knobs``' checkpoint policy, one per count of checkpointed blocks
-    (a step's time is additive in the forward time each checkpointed block's policy runs again),
-    and the peak with every block checkpointed."""
+    (a step's time is additive in the forward time each checkpointed block's policy runs again)."""
     n = model.n_layers
     policy, save = knobs.checkpoint_policy, knobs.save_list
     # every block its own unit: what each one's recompute runs
@@ -188,10 +226,10 @@ def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
                              knobs.schedule, record_trace=True)
     all_peak = all_walk.peak.bytes
     if device_bytes(all_peak, hw) <= cap_bytes:
-        curve = _per_block_curve(model, training, hw, knobs, graph, all_walk, plain)
+        curve = _per_block_curve(model, training, hw, knobs, graph, all_walk, plain, profiles)
     else:  # not even every block checkpointed fits: no per-block placement can
         curve = [(all_peak, (1,) * n)]
-    points = []
+    points, compute = [], []
     for peak, placement in curve:
         blocks = tuple(i for i, s in enumerate(placement) if s)
         rerun = sum(rerun_s[b] for b in blocks)
@@ -200,7 +238,8 @@ def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
         placed = knobs.model_copy(update={"checkpoint_blocks": blocks})
         step_s = with_communication(graph, hw, placed, gpus_per_node, time).step_time_s
         points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(peak, hw), knobs=placed))
-    return all_peak, points
+        compute.append((time.step_time_s, peak))
+    return _PolicyRun(points=points, all_walk=all_walk, all_peak=all_peak, rerun_s=rerun_s, compute=compute)
 
 
 def least_memory_at(

@@ -37,8 +37,9 @@ Distributions = dict[str, optuna.distributions.BaseDistribution]
 _IDENTITY_KEY = "roofplan_study"
 TRIAL_TAG = "study_identity"
 # 2: the space gained context parallelism, checkpoint policies and the (tp, cp) layouts; the model
-# its implementation and attention variants
-_IDENTITY_VERSION = 2
+# its implementation and attention variants; 3: a point's plans may mix two checkpoint policies
+# across blocks (a trial's value can be lower than version 2's)
+_IDENTITY_VERSION = 3
 _DOC_FIELDS = frozenset({"description", "sources", "time_validation", "figure_sources"})  # text, not figures
 _LAYOUT_FIELDS = ("world_size", "gpus_per_node", "fsdp_grad_sync")
 _LABELS = frozenset({"model.name"})  # shown, never compared: a label does not change a trial's value

@@ -67,16 +67,16 @@ def selective_context_fn(save: SaveList) -> Callable[[], Any]:
 
 
 def apply_checkpointing(model: Transformer, knobs: Knobs) -> Transformer:
-    """Checkpoint the planned blocks (and segments) with the plan's policy."""
-    blocks = frozenset(knobs.checkpoint_blocks)
-    policy = knobs.checkpoint_policy
-    if policy is CheckpointPolicy.ATTENTION:
-        model.set_checkpointing(frozenset(), tuple(knobs.checkpoint_segments))
-        for index, block in enumerate(model.blocks):
-            core = block.get_submodule("attn.core")
-            assert isinstance(core, AttentionCore)
-            core.checkpointed = index in blocks
-        return model
-    model.set_checkpointing(blocks, tuple(knobs.checkpoint_segments))
-    model.checkpoint_context = selective_context_fn(knobs.save_list) if policy is CheckpointPolicy.OPS else None
+    """Checkpoint the planned blocks (and segments), each block with its policy (the plan's
+    ``checkpoint_policy`` unless ``block_policies`` names another)."""
+    overrides = knobs.policy_overrides
+    policy_of = {b: overrides.get(b, knobs.checkpoint_policy) for b in knobs.checkpoint_blocks}
+    cores = frozenset(b for b, p in policy_of.items() if p is CheckpointPolicy.ATTENTION)
+    for index, block in enumerate(model.blocks):
+        core = block.get_submodule("attn.core")
+        assert isinstance(core, AttentionCore)
+        core.checkpointed = index in cores
+    model.set_checkpointing(frozenset(policy_of) - cores, tuple(knobs.checkpoint_segments))
+    per_op = sorted(b for b, p in policy_of.items() if p is CheckpointPolicy.OPS)
+    model.checkpoint_contexts = {b: selective_context_fn(knobs.save_list) for b in per_op}
     return model

@@ -66,7 +66,8 @@ def checkpoint_every(knobs: Knobs, n_layers: int) -> int | None:
     """transformers' ``every_n_layers`` for the plan's checkpointed blocks (None: no checkpointing);
     a placement transformers cannot express is refused with one line."""
     policy = getattr(knobs, "checkpoint_policy", None)
-    if knobs.checkpoint_segments or (policy is not None and str(getattr(policy, "value", policy)) != "full"):
+    if (knobs.checkpoint_segments or getattr(knobs, "block_policies", ())
+            or (policy is not None and str(getattr(policy, "value", policy)) != "full")):
         raise ConfigError("validate --implementation hf: transformers checkpoints whole decoder layers one by one; "
                           "plan with --checkpoint all, none or every n-th block")
     blocks = tuple(sorted(knobs.checkpoint_blocks))

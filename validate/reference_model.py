@@ -220,9 +220,9 @@ class Transformer(nn.Module):
         self.apply(_init_weights)
         # Checkpoint units (first, last): blocks first..last run under one non-reentrant
         # torch.utils.checkpoint; set by the plan (see ``set_checkpointing``), with
-        # ``checkpoint_context`` as its context_fn (per-op selective checkpointing) if set.
+        # ``checkpoint_contexts[first]`` as its context_fn (per-op selective checkpointing) if set.
         self.checkpoint_units: tuple[tuple[int, int], ...] = ()
-        self.checkpoint_context: Callable[[], Any] | None = None
+        self.checkpoint_contexts: dict[int, Callable[[], Any]] = {}
 
     @property
     def checkpoint_blocks(self) -> frozenset[int]:
@@ -278,9 +278,10 @@ class Transformer(nn.Module):
         while index < len(self.blocks):
             if index in units:
                 last = units[index]
-                if self.checkpoint_context is not None:
+                context = self.checkpoint_contexts.get(index)
+                if context is not None:
                     x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, mask,
-                                                          use_reentrant=False, context_fn=self.checkpoint_context)
+                                                          use_reentrant=False, context_fn=context)
                 else:
                     x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, mask,
                                                           use_reentrant=False)

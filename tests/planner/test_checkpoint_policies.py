@@ -105,14 +105,16 @@ def test_placement_solver_equals_brute_force(model: ModelConfig, policy: str) ->
 
 def test_the_search_chooses_a_policy_and_the_placement() -> None:
     """Llama 2 7B on one H200: checkpointing some blocks per op (recompute the elementwise ops and
-    every second matmul) is faster than checkpointing whole blocks, and the search finds it; with
+    every second matmul; with one block whole since mixed plans are searched) is faster than
+    checkpointing whole blocks, and the search finds it; with
     the policy fixed to full, it checkpoints more of the step's compute."""
     from roofplan import api
 
     model, training = api.load_model("llama2-7b")
     free = api.plan(model, training, "h200")
     full = api.plan(model, training, "h200", checkpoint_policy="full")
-    assert free.best.knobs.checkpoint_policy is CheckpointPolicy.OPS
+    k = free.best.knobs
+    assert CheckpointPolicy.OPS in {k.policy_overrides.get(b, k.checkpoint_policy) for b in k.checkpoint_blocks}
     assert full.best.knobs.checkpoint_policy is CheckpointPolicy.FULL
     assert free.best.estimate.step_time_s < full.best.estimate.step_time_s
     assert free.best.estimate.memory.fits and full.best.estimate.memory.fits
