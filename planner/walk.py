@@ -140,6 +140,15 @@ class Walk:
         self.buffers: dict[int, list[int]] = {}  # id -> [bytes, category, refcount]
         self.next_buffer = 0
         self.param_grads_seen: set[str] = set(held_grads)  # gradients a previous micro-batch left allocated
+        # a weight several ops use (a tied LM head and embedding): once its .grad exists, autograd
+        # sums the later users' gradients in the accumulator's input buffer, which lives until the
+        # first user's backward adds its own and the sum goes into .grad
+        self.first_user: dict[str, int] = {}
+        for i, params in enumerate(prep.params):
+            for name, _ in params:
+                self.first_user.setdefault(name, i)
+        self.pending_sums: dict[str, int] = {}
+        self.summed: list[str] = []
         self.recompute_flops = 0.0
         self.recomputed: list[int] = []
         self.pending: dict[int, int] = {}  # forward users still to run (this forward or recompute)
@@ -318,12 +327,24 @@ class Walk:
         momentary = 0
         for name, n_bytes in self.p.params[i]:
             if self.grads_exist or name in self.param_grads_seen:
+                if self.first_user[name] < i and name not in self.pending_sums:
+                    self.pending_sums[name] = n_bytes  # later users add into it in place
+                    self.live.add(_GRADS, n_bytes)
+                    continue
                 momentary += n_bytes
+                if name in self.pending_sums:
+                    self.summed.append(name)  # freed once this op's gradient is observed
             else:
                 self.param_grads_seen.add(name)
                 self.live.add(_GRADS, n_bytes)
                 self.grad_bytes[name] = n_bytes
         return momentary
+
+    def _sum_pending(self) -> None:
+        """The input buffers summed into .grad at the first user's backward are freed."""
+        for name in self.summed:
+            self.live.add(_GRADS, -self.pending_sums.pop(name, 0))
+        self.summed.clear()
 
     def release_grads(self, names: Iterable[str]) -> None:
         """Free parameter gradients this walk allocated (a unit's, after its reduce-scatter)."""
@@ -364,6 +385,7 @@ class Walk:
                 if not cast_later:
                     momentary[0] += self._param_grads(i)
                 live.observe(Phase.BACKWARD, p.names[i], momentary[0], momentary[1])
+                self._sum_pending()
             self._drop_buffer(own)
             self.grad_buffer[i] = 0
             for t in self.release[i]:
@@ -379,6 +401,7 @@ class Walk:
                 live.add(_TEMPORARIES, -p.copies[i])
             if cast_later:
                 live.observe(Phase.BACKWARD, p.names[i], p.copies[i] + self._param_grads(i))
+                self._sum_pending()
             self.hooks.after_backward(self, i)
         self.hooks.backward_end(self)
         self._free_tensor(n - 1)

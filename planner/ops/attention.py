@@ -170,23 +170,28 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         unrun_tail_flops=flops / 2,
         fwd_transient_bytes=seq.transient_over(final),
         unsaved_fwd_transient_bytes=bare.transient_over(out.n_bytes),
-        bwd_transient_bytes=max(0, _eager_backward_peak(operand, s_bytes, p_bytes, drop, low is not None)
+        bwd_transient_bytes=max(0, _eager_backward_peak(operand, s_bytes, p_bytes, scores, drop, low is not None)
                                 - sum(t.n_bytes for t in qkv)),
     )
 
 
-def _eager_backward_peak(operand: int, s_bytes: int, p_bytes: int, dropout: bool, autocast: bool) -> int:
+def _eager_backward_peak(operand: int, s_bytes: int, p_bytes: int, mask_bytes: int, dropout: bool,
+                         autocast: bool) -> int:
     """The eager core's backward peak above what exists when it starts (its saved tensors and the
-    output gradient): the head merge's gradient made contiguous, dv and the probabilities'
-    gradient (2 x operand + s); then, as autograd frees each node's saved tensors behind it, the
-    softmax's fp32 gradient beside the low-precision one under autocast (p + s + operand), or the
-    softmax's input and output gradients in fp32 without dropout (2p). Measured with the
-    live-storage tracker on 16 shapes (T 128/512, head dim 32/128, with and without dropout,
-    fp32 and bf16 autocast): equal to the byte."""
-    peak = 2 * operand + s_bytes
-    if autocast:
-        return max(peak, p_bytes + s_bytes + operand)
-    return peak if dropout else max(peak, 2 * p_bytes)
+    output gradient), input gradients included. First the head merge's gradient made contiguous,
+    dv and the probabilities' gradient (2 x operand + s). Then autograd frees each node's saved
+    tensors behind it (v's copy, the incoming gradient, and with dropout the dropped
+    probabilities, then the bool mask and the probabilities' gradient once dropout's backward
+    has run), and the softmax's backward allocates its gradient beside its saved output (p) and
+    the gradient reaching it: in fp32 under autocast (a copy of the low-precision one, which dies
+    first), else as is. Read op by op from the live-storage tracker over the reference model
+    (GPT-2 shapes, fp32, bf16 autocast, bf16, with and without dropout)."""
+    first = 2 * operand + s_bytes
+    if autocast:  # ... dv, the fp32 gradient and its softmax gradient; the bf16 one is gone
+        second = 2 * p_bytes - s_bytes - operand - (mask_bytes if dropout else 0)
+    else:  # ... dv, the gradient reaching softmax (s bytes) and softmax's gradient
+        second = s_bytes + p_bytes - operand - (mask_bytes if dropout else 0)
+    return max(first, second)
 
 
 def _ring_peaks(u: int, w: int, lse: int, cp: int, low_precision: bool) -> tuple[int, int]:

@@ -81,12 +81,13 @@ def test_eager_attention_matches_transformers(name: str, precision: str) -> None
 
 
 def test_dropout_and_accumulation_match_transformers() -> None:
-    """GPT-2's dropouts (bool masks as on CUDA; none inside SDPA), two micro-batches, untied
-    (a tied LM head under accumulation reads under: see the README's Limitations)."""
-    model = hf_model_config("gpt2-gelu_new", dropout=0.1, tie_embeddings=False)
-    for precision, checkpoint in (("bf16-mixed", True), ("fp32", False)):
+    """GPT-2's dropouts (bool masks as on CUDA; none inside SDPA), two micro-batches, tied and
+    untied (tied: the LM head's gradient waits in autograd's input buffer for the embedding's)."""
+    for tied, precision, checkpoint in ((False, "bf16-mixed", True), (False, "fp32", False),
+                                        (True, "bf16-mixed", False), (True, "fp32", True)):
+        model = hf_model_config("gpt2-gelu_new", dropout=0.1, tie_embeddings=tied)
         predicted, measured, _ = compare(model, precision, checkpoint, accumulation=2)
-        assert predicted == pytest.approx(measured, rel=TOLERANCE), (precision, checkpoint)
+        assert predicted == pytest.approx(measured, rel=TOLERANCE), (tied, precision, checkpoint)
 
 
 def test_flops_equal_flop_counter_on_transformers() -> None:
