@@ -20,9 +20,9 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
-from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind
+from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind, QkNorm
 from planner.implementations import adapt
-from planner.ops.base import OpKind, ParamTensor
+from planner.ops.base import OpKind, OpVariant, ParamTensor
 
 
 class TpRole(StrEnum):
@@ -121,7 +121,9 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
 
     normed = add(_norm(m, f"{p}.attn_norm", b, x))
     q = add(_linear(f"{p}.attn.q_proj", b, normed, d, n * h, bool(m.qkv_bias), TpRole.COLWISE))
+    q = add(_qk_norm(m, f"{p}.attn.q_norm", b, q, n)) if m.qk_norm not in (None, QkNorm.NONE) else q
     kk = add(_linear(f"{p}.attn.k_proj", b, normed, d, k * h, bool(m.qkv_bias), TpRole.COLWISE))
+    kk = add(_qk_norm(m, f"{p}.attn.k_norm", b, kk, k)) if m.qk_norm not in (None, QkNorm.NONE) else kk
     v = add(_linear(f"{p}.attn.v_proj", b, normed, d, k * h, bool(m.qkv_bias), TpRole.COLWISE))
     qk: tuple[str, ...] = (q, kk)
     if rope is not None:
@@ -139,7 +141,11 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
     x = add(_simple(f"{p}.attn_residual", OpKind.RESIDUAL_ADD, b, x, attn))
     normed = add(_norm(m, f"{p}.mlp_norm", b, x))
     bias = bool(m.mlp_bias)
-    if m.mlp is MlpKind.SWIGLU:
+    if m.moe is not None and m.moe.is_sparse(b):
+        moe_ops, moe_holds, mlp = moe_block_ops(m, b, normed)
+        ops.extend(moe_ops)
+        holds.extend(moe_holds)
+    elif m.mlp is MlpKind.SWIGLU:
         gate = add(_linear(f"{p}.mlp.gate_proj", b, normed, d, m.d_ff, bias, TpRole.COLWISE))
         act = add(_simple(f"{p}.mlp.act", OpKind.SILU, b, gate, tp=TpRole.LOCAL))
         up = add(_linear(f"{p}.mlp.up_proj", b, normed, d, m.d_ff, bias, TpRole.COLWISE))
@@ -147,12 +153,66 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
     else:
         up = add(_linear(f"{p}.mlp.up_proj", b, normed, d, m.d_ff, bias, TpRole.COLWISE))
         hidden = add(_simple(f"{p}.mlp.act", OpKind.GELU, b, up, tp=TpRole.LOCAL))
-    mlp = add(_linear(f"{p}.mlp.down_proj", b, hidden, m.d_ff, d, bias, TpRole.ROWWISE))
+    if m.moe is None or not m.moe.is_sparse(b):
+        mlp = add(_linear(f"{p}.mlp.down_proj", b, hidden, m.d_ff, d, bias, TpRole.ROWWISE))
     holds.append((normed, mlp))  # Mlp.forward's argument
     if m.dropout > 0:
         mlp = add(_simple(f"{p}.mlp_dropout", OpKind.DROPOUT, b, mlp, dropout=m.dropout))
     out = add(_simple(f"{p}.mlp_residual", OpKind.RESIDUAL_ADD, b, x, mlp))
     return ops, holds, out
+
+
+def _qk_norm(model: ModelConfig, name: str, block: int, x: str, heads: int) -> OpDesc:
+    """RMSNorm of q or k in fp32, cast back before its weight (transformers' Qwen3/OLMoE norm):
+    over each head's H values (one (H,) weight) or over all heads' (one (heads H,) weight)."""
+    width = model.head_dim if model.qk_norm is QkNorm.HEAD else heads * model.head_dim
+    return OpDesc(name=name, kind=OpKind.RMSNORM, inputs=(x,), block=block,
+                  params=(ParamTensor(name=f"{name}.weight", numel=width),),
+                  fields=(("in_features", width), ("variant", OpVariant.NORM_FP32)), tp=TpRole.LOCAL)
+
+
+def moe_block_ops(model: ModelConfig, b: int, normed: str) -> tuple[list[OpDesc], list[tuple[str, str]], str]:
+    """The MoE MLP of block ``b`` (``validate.moe_model.MoE``): slots, dispatch, the experts'
+    grouped SwiGLU, router, route, combine, and the shared experts; its frame holds; its output."""
+    moe = model.moe
+    assert moe is not None
+    d, i, e = model.d_model, moe.d_ff_expert, moe.n_experts
+    p = f"blocks.{b}.mlp"
+    ops: list[OpDesc] = []
+
+    def add(op: OpDesc) -> str:
+        ops.append(op)
+        return op.name
+
+    def grouped(name: str, x: str, fan_in: int, fan_out: int) -> str:
+        return add(OpDesc(name=f"{p}.experts.{name}", kind=OpKind.GROUPED_LINEAR, inputs=(x,), block=b,
+                          params=(ParamTensor(name=f"{p}.experts.{name}.weight", numel=e * fan_in * fan_out, rows=e),),
+                          fields=(("in_features", fan_in), ("moe", moe), ("out_features", fan_out))))
+
+    slots = add(OpDesc(name=f"{p}.slots", kind=OpKind.MOE_SLOTS, block=b, fields=(("moe", moe),)))
+    rows = add(OpDesc(name=f"{p}.dispatch", kind=OpKind.MOE_DISPATCH, inputs=(normed, slots), block=b,
+                      fields=(("in_features", d),)))
+    gate = grouped("gate_proj", rows, d, i)
+    act = add(_simple(f"{p}.experts.act", OpKind.SILU, b, gate, tp=TpRole.LOCAL))
+    up = grouped("up_proj", rows, d, i)
+    hidden = add(_simple(f"{p}.experts.glu", OpKind.GLU_MUL, b, act, up, tp=TpRole.LOCAL))
+    out = grouped("down_proj", hidden, i, d)
+    logits = add(_linear(f"{p}.router", b, normed, d, e, moe.router_bias, TpRole.REPLICATE))
+    weights = add(OpDesc(name=f"{p}.route", kind=OpKind.MOE_ROUTE, inputs=(logits,), block=b, fields=(("moe", moe),)))
+    y = add(OpDesc(name=f"{p}.combine", kind=OpKind.MOE_COMBINE, inputs=(out, weights, slots), block=b,
+                   fields=(("in_features", d),)))
+    if moe.shared_d_ff:
+        s = f"{p}.shared_expert"
+        sg = add(_linear(f"{s}.gate_proj", b, normed, d, moe.shared_d_ff, False, TpRole.COLWISE))
+        sa = add(_simple(f"{s}.act", OpKind.SILU, b, sg, tp=TpRole.LOCAL))
+        su = add(_linear(f"{s}.up_proj", b, normed, d, moe.shared_d_ff, False, TpRole.COLWISE))
+        sh = add(_simple(f"{s}.glu", OpKind.GLU_MUL, b, sa, su, tp=TpRole.LOCAL))
+        shared = add(_linear(f"{s}.down_proj", b, sh, moe.shared_d_ff, d, False, TpRole.ROWWISE))
+        if moe.shared_gate:
+            g = add(_linear(f"{p}.shared_gate", b, normed, d, 1, False, TpRole.REPLICATE))
+            shared = add(OpDesc(name=f"{p}.shared_scale", kind=OpKind.GATE_SCALE, inputs=(shared, g), block=b))
+        y = add(_simple(f"{p}.shared_add", OpKind.RESIDUAL_ADD, b, y, shared))
+    return ops, [(slots, y)], y  # MoE.forward's local ``tokens``
 
 
 @lru_cache(maxsize=64)

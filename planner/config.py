@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from hardware.kernels import AttentionKernel
+from planner.moe_config import MoeConfig
 
 
 class Family(StrEnum):
@@ -20,6 +21,10 @@ class Family(StrEnum):
     LLAMA = "llama"
     MISTRAL = "mistral"
     QWEN2 = "qwen2"
+    MIXTRAL = "mixtral"  # Mistral with MoE MLPs
+    QWEN2_MOE = "qwen2_moe"  # Qwen2 with MoE MLPs, a gated shared expert
+    QWEN3_MOE = "qwen3_moe"  # per-head q/k RMSNorm, no biases, MoE MLPs
+    OLMOE = "olmoe"  # q/k RMSNorm over all heads, MoE MLPs
 
 
 class NormKind(StrEnum):
@@ -35,6 +40,14 @@ class MlpKind(StrEnum):
 class PositionKind(StrEnum):
     LEARNED = "learned"  # a (max_seq_len, d_model) table added to the token embedding
     ROTARY = "rotary"  # RoPE applied to q and k inside attention
+
+
+class QkNorm(StrEnum):
+    """RMSNorm on the queries and keys before rotary positions."""
+
+    NONE = "none"
+    HEAD = "head"  # over each head's H values, one (H,) weight (Qwen3)
+    FULL = "full"  # over all heads' N H (K H for keys) values (OLMoE)
 
 
 class AttentionImpl(StrEnum):
@@ -98,6 +111,11 @@ _FAMILY_DEFAULTS: dict[Family, dict[str, Any]] = {
         tie_embeddings=False, qkv_bias=True, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-6,
     ),
 }
+_FAMILY_DEFAULTS[Family.MIXTRAL] = dict(_FAMILY_DEFAULTS[Family.MISTRAL])
+_FAMILY_DEFAULTS[Family.QWEN2_MOE] = dict(_FAMILY_DEFAULTS[Family.QWEN2])
+_FAMILY_DEFAULTS[Family.QWEN3_MOE] = dict(_FAMILY_DEFAULTS[Family.QWEN2], qkv_bias=False, qk_norm=QkNorm.HEAD)
+_FAMILY_DEFAULTS[Family.OLMOE] = dict(_FAMILY_DEFAULTS[Family.LLAMA], qk_norm=QkNorm.FULL)
+MOE_FAMILIES = frozenset({Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.OLMOE})
 
 
 class ModelConfig(BaseModel):
@@ -111,6 +129,9 @@ class ModelConfig(BaseModel):
     d_model: PositiveInt = Field(description="hidden size (D)")
     n_heads: PositiveInt = Field(description="attention heads (N); d_model must be divisible by it")
     n_kv_heads: PositiveInt | None = Field(default=None, description="key/value heads (K) for GQA; default n_heads")
+    attention_head_dim: PositiveInt | None = Field(
+        default=None, description="each head's size (H) where it is not d_model / n_heads (transformers' head_dim: "
+        "Qwen3, Mixtral-style configs that set it); q and o then project D <-> N H")
     d_ff: PositiveInt = Field(description="MLP inner size (F)")
     vocab_size: PositiveInt = Field(description="vocabulary size (V)")
     max_seq_len: PositiveInt | None = Field(
@@ -127,6 +148,9 @@ class ModelConfig(BaseModel):
     mlp: MlpKind | None = None
     positions: PositionKind | None = None
     norm_eps: float | None = Field(default=None, gt=0)
+    qk_norm: QkNorm | None = Field(default=None, description="RMSNorm on q and k: none, head (Qwen3) or full (OLMoE)")
+    moe: MoeConfig | None = Field(default=None, description="mixture-of-experts MLPs (planner.moe_config); "
+                                  "None: every block dense")
     rope_theta: float = Field(default=10000.0, gt=0)
     attention: AttentionImpl = Field(default=AttentionImpl.FLASH, description="flash (fused SDPA) or eager")
     attention_kernel: AttentionKernel | None = Field(
@@ -166,8 +190,8 @@ class ModelConfig(BaseModel):
 
     @property
     def head_dim(self) -> int:
-        """H = D / N."""
-        return self.d_model // self.n_heads
+        """H: ``attention_head_dim``, else D / N."""
+        return self.attention_head_dim or self.d_model // self.n_heads
 
     @property
     def position_rows(self) -> int:
@@ -195,6 +219,8 @@ def with_family_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
             merged[key] = value
     if merged.get("n_kv_heads") is None:
         merged["n_kv_heads"] = merged.get("n_heads")
+    if merged.get("qk_norm") is None:
+        merged["qk_norm"] = QkNorm.NONE
     return merged
 
 
@@ -210,8 +236,12 @@ def shape_problems(values: Mapping[str, Any]) -> list[str]:
     k = size("n_kv_heads") if values.get("n_kv_heads") is not None else n
     positions = values.get("positions")
     problems = []
+    explicit = size("attention_head_dim")
+    if explicit:
+        d = explicit * n if n else None  # the rotary check below reads H = d / n
     if d and n and d % n:
-        problems.append(f"d_model ({d}) must be divisible by n_heads ({n}); change one of them")
+        problems.append(f"d_model ({d}) must be divisible by n_heads ({n}), or set attention_head_dim; change one "
+                        "of them")
     if n and k and n % k:
         problems.append(f"n_heads ({n}) must be divisible by n_kv_heads ({k}) for grouped-query attention")
     if positions in (PositionKind.LEARNED, PositionKind.LEARNED.value) and values.get("max_seq_len") is None:
@@ -219,6 +249,18 @@ def shape_problems(values: Mapping[str, Any]) -> list[str]:
                         "add it to the model section")
     if positions in (PositionKind.ROTARY, PositionKind.ROTARY.value) and d and n and not d % n and (d // n) % 2:
         problems.append(f"rotary positions need an even head dim, got d_model/n_heads = {d // n}")
+    family = values.get("family")
+    moe = values.get("moe")
+    if isinstance(moe, Mapping | MoeConfig):
+        get = moe.get if isinstance(moe, Mapping) else moe.__dict__.get
+        if get("expert_bias"):
+            problems.append("moe.expert_bias: experts with biases (gpt-oss) are not modelled yet; set it false")
+        if get("aux_loss_coef"):
+            problems.append("moe.aux_loss_coef: the load-balancing loss is not modelled yet (its tensors are N x E); "
+                            "set 0 (transformers adds it only with output_router_logits)")
+    if family in MOE_FAMILIES and moe is None:
+        problems.append(f"moe: family {family} has mixture-of-experts MLPs; add a moe section (n_experts, top_k, "
+                        "d_ff_expert)")
     problems.extend(implementation_problems(values))
     return problems
 

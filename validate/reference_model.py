@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
-from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind
+from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind, QkNorm
+from validate.moe_model import Fp32RMSNorm, MoE
 
 
 class RMSNorm(nn.Module):
@@ -128,8 +129,14 @@ class Attention(nn.Module):
         super().__init__()
         n, k, h, d = config.n_heads, config.kv_heads, config.head_dim, config.d_model
         self.head_dim = h
+        eps = float(config.norm_eps or 1e-6)
         self.q_proj = nn.Linear(d, n * h, bias=bool(config.qkv_bias))
+        # q/k norms (Qwen3: over each head's H; OLMoE: over all heads) in fp32, before rotary
+        qk = config.qk_norm or QkNorm.NONE
+        self.q_norm = Fp32RMSNorm(h if qk is QkNorm.HEAD else n * h, eps) if qk is not QkNorm.NONE else None
         self.k_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
+        self.k_norm = Fp32RMSNorm(h if qk is QkNorm.HEAD else k * h, eps) if qk is not QkNorm.NONE else None
+        self.qk_per_head = qk is QkNorm.HEAD
         self.v_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
         self.rotary = Rotary() if config.positions is PositionKind.ROTARY else None
         self.core = AttentionCore(config)
@@ -140,12 +147,20 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, N, T, H), k and v (B, K, T, H), with rotary applied to q and k."""
         split = "b t (n h) -> b n t h"
-        q = rearrange(self.q_proj(x), split, h=self.head_dim)
-        k = rearrange(self.k_proj(x), split, h=self.head_dim)
+        q = rearrange(self._normed(self.q_proj(x), self.q_norm), split, h=self.head_dim)
+        k = rearrange(self._normed(self.k_proj(x), self.k_norm), split, h=self.head_dim)
         v = rearrange(self.v_proj(x), split, h=self.head_dim)
         if self.rotary is not None and rope is not None:
             q, k = self.rotary(q, k, *rope)
         return q, k, v
+
+    def _normed(self, x: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
+        """``x`` (B, T, heads H) through the q/k norm, over each head or over all of them."""
+        if norm is None:
+            return x
+        if self.qk_per_head:
+            return norm(x.unflatten(-1, (-1, self.head_dim))).flatten(-2)
+        return norm(x)
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
@@ -173,13 +188,14 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-norm block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.attn_norm = make_norm(config)
         self.attn = Attention(config)
         self.attn_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.mlp_norm = make_norm(config)
-        self.mlp = Mlp(config)
+        sparse = config.moe is not None and config.moe.is_sparse(index)
+        self.mlp: nn.Module = MoE(config.moe, config.d_model) if sparse and config.moe else Mlp(config)
         self.mlp_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
 
     def forward(
@@ -212,7 +228,7 @@ class Transformer(nn.Module):
         learned = config.positions is PositionKind.LEARNED
         self.pos_embed = nn.Embedding(config.position_rows, config.d_model) if learned else None
         self.embed_dropout = Dropout(config.dropout) if config.dropout > 0 else None
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.final_norm = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:

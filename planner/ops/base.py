@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware.collectives import Collective
 from hardware.dtypes import DType
 from hardware.kernels import AttentionKernel, AttentionShape, GemmShape
+from planner.moe_config import MoeConfig
 from planner.precision import PrecisionSpec
 
 
@@ -42,6 +43,13 @@ class OpKind(StrEnum):
     GATHER_FROM_SEQUENCE = "gather_from_sequence"  # forward: all-gather along the sequence; backward: reduce-scatter
     REDUCE_SCATTER_TO_SEQUENCE = "reduce_scatter_to_sequence"  # forward: reduce-scatter; backward: all-gather
     SCATTER_TO_SEQUENCE = "scatter_to_sequence"  # forward: keep this rank's chunk (a copy); backward: all-gather
+    # mixture of experts (planner.ops.moe)
+    MOE_SLOTS = "moe_slots"  # which token each expert row holds (int64, no gradient)
+    MOE_DISPATCH = "moe_dispatch"  # index_select the tokens into the expert rows
+    GROUPED_LINEAR = "grouped_linear"  # E linears over E equal groups of rows (bmm)
+    MOE_ROUTE = "moe_route"  # fp32 softmax of the router logits, the chosen weights in row order
+    MOE_COMBINE = "moe_combine"  # each row times its weight, index_add into its token
+    GATE_SCALE = "gate_scale"  # x * sigmoid(g) with g one value per token (Qwen2-MoE's shared expert gate)
 
 
 class OpVariant(StrEnum):
@@ -126,6 +134,7 @@ class LayerSpec(BaseModel):
     owns_params: bool = True  # False when the params belong to another op (tied LM head)
     variant: OpVariant = OpVariant.REFERENCE  # how the implementation runs it (its own formula)
     chunks: int = 0  # chunked losses: sequence chunks (0: the formula derives them)
+    moe: MoeConfig | None = None  # mixture-of-experts ops: experts, top-k, rows per expert
 
 
 class MeshDim(StrEnum):

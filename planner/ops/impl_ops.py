@@ -44,7 +44,7 @@ def rmsnorm_fp32_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     x = ctx.inputs[0]
     if x.dtype is _FP32:
         return rmsnorm_cost(spec, ctx)
-    e, rows = x.numel, ctx.tokens
+    e, rows = x.numel, x.numel // (spec.in_features or x.numel // ctx.tokens)
     out = TensorInfo(numel=e, dtype=x.dtype)
     return LayerCost(
         output=out,

@@ -23,7 +23,7 @@ def layernorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     x = ctx.inputs[0]
     dtype = _norm_dtype(ctx)
     out = TensorInfo(numel=x.numel, dtype=dtype)
-    rows = ctx.tokens
+    rows = x.numel // (spec.in_features or x.numel // ctx.tokens)
     return LayerCost(
         output=out,
         saves_inputs=(True,),
@@ -50,7 +50,7 @@ def rmsnorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     x = ctx.inputs[0]
     dtype = _norm_dtype(ctx)
     out = TensorInfo(numel=x.numel, dtype=dtype)
-    rows = ctx.tokens
+    rows = x.numel // (spec.in_features or x.numel // ctx.tokens)
     u = x.numel * dtype.n_bytes
     return LayerCost(
         output=out,

@@ -55,6 +55,9 @@ def check_tensor_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) 
         raise ConfigError(f"parallel.tp: tensor parallelism is modelled for the reference implementation with the "
                           f"plain loss, not {model.implementation.value} with the {effective_loss(model).value} loss; "
                           f"use tp 1 (data parallelism) or implementation: reference")
+    if model.moe is not None:
+        raise ConfigError(f"parallel.tp: tensor parallelism of {model.name}'s mixture-of-experts blocks is not modelled "
+                          "yet (expert parallelism is next); use tp 1 (data parallelism, FSDP2)")
     if dims.data_parallel > 1 and not dims.shards_parameters:
         raise ConfigError(f"parallel.tp: tensor parallelism with {dims.data_parallel} data-parallel replicas under DDP "
                           "or ZeRO-1 is not modelled (DDP needs its DTensor parameters made local first; torchtitan "

@@ -1,0 +1,156 @@
+"""Mixture-of-experts routing ops, as the reference MoE runs them (``validate.moe_model``).
+
+Notation: N tokens of the micro-batch (on this rank), D d_model, E experts, k top_k, C rows per
+expert (``MoeConfig.expert_rows``: N k / E balanced), R = E C expert rows. The experts' matmuls
+are ``GROUPED_LINEAR`` (planner.ops.linear) and their SwiGLU the dense SiLU / product ops; the
+router is a linear. None of these ops does matmul FLOPs (FlopCounterMode counts none: index ops
+and elementwise products); their time is the bytes they move.
+"""
+
+from __future__ import annotations
+
+from hardware.dtypes import DType
+from planner.moe_config import MoeConfig
+from planner.ops.base import AllocSequence, LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
+from planner.ops.registry import register
+
+_INDEX = DType.INT64.n_bytes
+
+
+def _moe(spec: LayerSpec) -> MoeConfig:
+    """The op's MoE configuration (every MoE op carries it)."""
+    assert spec.moe is not None, f"{spec.name}: a mixture-of-experts op without its moe config"
+    return spec.moe
+
+
+@register(OpKind.MOE_SLOTS)
+def moe_slots_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """Which token each expert row holds: ``arange(N k).view(C, E).t().reshape(-1) // k``.
+
+    The arange (8 N k bytes), its transposed copy (8 R) and the floor division (8 R, the output:
+    int64, no gradient; dispatch and combine save it). The arange and the copy are transients.
+    """
+    moe = _moe(spec)
+    n = ctx.tokens
+    rows = moe.n_experts * moe.expert_rows(n)
+    out = TensorInfo(numel=rows, dtype=DType.INT64, requires_grad=False)
+    seq = AllocSequence().alloc(_INDEX * n * moe.top_k).alloc(_INDEX * rows).free(_INDEX * n * moe.top_k)
+    seq.alloc(_INDEX * rows).free(_INDEX * rows)
+    return LayerCost(output=out, fwd_transient_bytes=seq.transient_over(out.n_bytes),
+                     fwd_bytes_moved=3 * _INDEX * rows, fwd_kernels=3, has_backward=False)
+
+
+@register(OpKind.MOE_DISPATCH)
+def moe_dispatch_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """``x.reshape(N, D).index_select(0, slots)``: the expert rows (R, D), a copy of each token per
+    choice. Saves the index (the slots); backward index_adds the rows' gradient into a zeroed
+    (N, D) gradient of x (the input gradient itself)."""
+    x, slots = ctx.inputs
+    d = spec.in_features
+    out = TensorInfo(numel=slots.numel * d, dtype=x.dtype)
+    return LayerCost(output=out, saves_inputs=(False, True),
+                     fwd_bytes_moved=2 * out.n_bytes + slots.n_bytes,
+                     bwd_bytes_moved=2 * out.n_bytes + x.n_bytes + slots.n_bytes, bwd_kernels=2)
+
+
+@register(OpKind.MOE_ROUTE)
+def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """Routing weights of the expert rows, fp32 (R,), from the router logits (N, E):
+    ``softmax(logits, fp32)`` (a fp32 copy of low-precision logits first; the probabilities are
+    saved), ``gather`` of the k chosen experts (saves its int64 (N, k) index, built by an arange
+    and a remainder), renormalized by their sum if ``norm_topk_prob`` (``div`` saves both
+    operands: (N, k) and (N, 1)), then ``index_select`` into row order (saves its (R,) index,
+    an arange's transposed copy).
+
+    Backward, per node: index_add into (N k), div's two gradients, gather's scatter into a zeroed
+    (N, E), softmax's fp32 gradient, cast back to the logits' dtype.
+    """
+    moe = _moe(spec)
+    logits = ctx.inputs[0]
+    e, k = moe.n_experts, moe.top_k
+    n = logits.numel // e
+    rows = e * moe.expert_rows(n)
+    f32 = DType.FP32.n_bytes
+    probs, chosen, row_index = f32 * n * e, f32 * n * k, _INDEX * rows
+    out = TensorInfo(numel=rows, dtype=DType.FP32)
+    extras = [_INDEX * n * k, probs]  # gather's index, softmax's output
+    seq = AllocSequence().alloc(_INDEX * n * k).alloc(_INDEX * n * k).free(_INDEX * n * k)
+    if logits.dtype is not DType.FP32:
+        seq.alloc(probs).alloc(probs).free(probs)  # the fp32 copy, then the softmax
+    else:
+        seq.alloc(probs)
+    seq.alloc(chosen)
+    if moe.norm_topk_prob:
+        seq.alloc(f32 * n).alloc(chosen)  # sum, quotient
+        extras += [chosen, f32 * n]
+    seq.alloc(_INDEX * n * k).alloc(row_index).free(_INDEX * n * k)
+    extras.append(row_index)
+    seq.alloc(out.n_bytes).free(chosen)  # the rows' weights; the (N, k) weights die unsaved
+    # backward: the weights' gradient scattered into (N k), div's gradients ((N, k) quotient,
+    # (N, k) product, (N, 1) sum), gather's (N, E), the softmax's fp32 gradient, cast back
+    back = AllocSequence().alloc(chosen)
+    if moe.norm_topk_prob:
+        back.alloc(chosen).alloc(chosen).alloc(f32 * n).free(chosen).free(chosen)
+    back.alloc(probs).free(chosen)
+    if logits.dtype is not DType.FP32:
+        back.alloc(probs)  # softmax's fp32 gradient beside the scattered one; then the cast (input grad)
+    return LayerCost(
+        output=out,
+        saves_inputs=(False,),
+        saved_extra_bytes=tuple(extras),
+        fwd_transient_bytes=seq.transient_over(sum(extras) + out.n_bytes),
+        bwd_transient_bytes=back.peak,
+        fwd_bytes_moved=logits.n_bytes + 3 * probs + 6 * chosen + 3 * row_index + out.n_bytes,
+        bwd_bytes_moved=2 * out.n_bytes + 6 * chosen + 4 * probs + logits.n_bytes,
+        fwd_kernels=9, bwd_kernels=8,
+    )
+
+
+@register(OpKind.MOE_COMBINE)
+def moe_combine_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """``zeros(N, D).index_add_(0, slots, rows * weights.to(rows.dtype)[:, None])``: (N, D) in the
+    experts' dtype. The product saves both operands (the experts' output rows and the weights,
+    cast to the rows' dtype when they differ: a copy); index_add saves the slots and its source,
+    the weighted rows (R, D): its derivative formula reads ``source.dim()``, so autograd keeps it.
+
+    Backward: the rows' gradient gathered back (R, D) (the weighted rows are released after that
+    node), then the product's two gradients ((R, D) for the rows, an (R, D) product summed to (R,)
+    for the weights), the weights' cast back to fp32.
+    """
+    rows_out, weights, slots = ctx.inputs
+    d = spec.in_features
+    n = ctx.tokens
+    dtype = rows_out.dtype
+    out = TensorInfo(numel=n * d, dtype=dtype)
+    cast = weights.dtype is not dtype
+    extras = (rows_out.n_bytes,) + ((weights.numel * dtype.n_bytes,) if cast else ())
+    return LayerCost(
+        output=out,
+        saves_inputs=(True, not cast, True),
+        saved_extra_bytes=extras,
+        # the gathered gradient and the weights' product beside the rows' gradient; the weighted
+        # rows (counted as saved until the op's backward ends) are already gone
+        bwd_transient_bytes=rows_out.n_bytes + weights.numel * dtype.n_bytes,
+        fwd_bytes_moved=3 * rows_out.n_bytes + 2 * out.n_bytes,
+        bwd_bytes_moved=5 * rows_out.n_bytes + out.n_bytes,
+        fwd_kernels=3 + (1 if cast else 0), bwd_kernels=4 + (1 if cast else 0),
+    )
+
+
+@register(OpKind.GATE_SCALE)
+def gate_scale_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """``x * sigmoid(g)`` with g (N, 1): sigmoid saves its output, the product saves x and it.
+
+    Backward: x's gradient (N, D), g's through an (N, D) product summed to (N, 1) and sigmoid's
+    backward (N, 1)."""
+    x, gate = ctx.inputs
+    out = TensorInfo(numel=x.numel, dtype=x.dtype)
+    return LayerCost(
+        output=out,
+        saves_inputs=(True, False),
+        saved_extra_bytes=(gate.n_bytes,),
+        bwd_transient_bytes=x.n_bytes + 2 * gate.n_bytes,
+        fwd_bytes_moved=2 * x.n_bytes + 3 * gate.n_bytes,
+        bwd_bytes_moved=4 * x.n_bytes + 4 * gate.n_bytes,
+        fwd_kernels=2, bwd_kernels=4,
+    )

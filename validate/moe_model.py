@@ -1,0 +1,143 @@
+"""The reference model's mixture-of-experts MLP (``ModelConfig.moe``) and q/k norms.
+
+Routing is fixed and balanced so a step's memory and FLOPs are reproducible: the j-th choice of
+token t goes to expert ``(t k + j) mod E``, so every expert receives exactly C = N k / E tokens
+(N tokens of the micro-batch, k = top_k). The router still runs and its probabilities weight
+the experts' outputs, so it trains and its gradients flow as in a learned top-k router; only
+the argmax is replaced (as a load-balanced router at equilibrium routes).
+
+The block runs, in order (the planner's graph, ``planner.blocks``, names each op the same):
+``slots`` (which token each of the E C expert rows holds), ``dispatch`` (index_select the tokens
+into an (E C, D) buffer), the experts as three batched matmuls over (E, C, .) with SwiGLU between
+(``torch.bmm``: the grouped GEMM with equal groups), the ``router`` linear, ``route`` (fp32
+softmax, the chosen probabilities, renormalized if ``norm_topk_prob``, in slot order) and
+``combine`` (weight each row, index_add into (N, D)); shared experts (a dense SwiGLU MLP on every
+token, optionally times ``sigmoid(shared_gate(x))``) are added last.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.errors import ConfigError
+from planner.moe_config import MoeConfig
+
+
+class Fp32RMSNorm(nn.Module):
+    """RMSNorm computed in fp32 and cast back before the weight (transformers' Qwen3/OLMoE
+    RMSNorm, used on q and k): ``w * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)``."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class GroupedLinear(nn.Module):
+    """E independent linears applied to E equal groups of rows: ``bmm((E, C, i), (E, i, o))``."""
+
+    def __init__(self, groups: int, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(groups, in_features, out_features))
+        if self.weight.device.type != "meta":
+            nn.init.normal_(self.weight, mean=0.0, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(x, self.weight)
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts of inner size I over (E, C, D) rows."""
+
+    def __init__(self, moe: MoeConfig, d_model: int) -> None:
+        super().__init__()
+        e, i = moe.n_experts, moe.d_ff_expert
+        self.gate_proj = GroupedLinear(e, d_model, i)
+        self.up_proj = GroupedLinear(e, d_model, i)
+        self.down_proj = GroupedLinear(e, i, d_model)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class SharedExpert(nn.Module):
+    """The shared experts as one dense SwiGLU MLP of inner size ``shared_d_ff``."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoE(nn.Module):
+    """Routed experts (+ shared experts) in place of a block's MLP; input and output (B, T, D)."""
+
+    def __init__(self, moe: MoeConfig, d_model: int) -> None:
+        super().__init__()
+        if moe.expert_bias:
+            raise ConfigError("moe.expert_bias: the reference experts have no biases")
+        self.moe = moe
+        self.experts = Experts(moe, d_model)
+        self.router = nn.Linear(d_model, moe.n_experts, bias=moe.router_bias)
+        self.shared_expert = SharedExpert(d_model, moe.shared_d_ff) if moe.shared_d_ff else None
+        self.shared_gate = nn.Linear(d_model, 1, bias=False) if moe.shared_gate else None
+
+    def rows(self, n_tokens: int) -> int:
+        """C: each expert's rows; balanced routing needs N k / E whole."""
+        moe = self.moe
+        if (n_tokens * moe.top_k) % moe.n_experts or moe.routing_imbalance != 1.0 or moe.capacity_factor is not None:
+            raise ConfigError(f"moe: validate routes {n_tokens} tokens x top_k {moe.top_k} evenly over {moe.n_experts} "
+                              "experts: use a micro-batch x seq_len whose tokens x top_k divide by n_experts, "
+                              "routing_imbalance 1 and no capacity_factor")
+        return n_tokens * moe.top_k // moe.n_experts
+
+    def slots(self, n_tokens: int, device: torch.device) -> torch.Tensor:
+        """Token of each expert row, expert-major: row e C + c holds flat choice c E + e."""
+        e = self.moe.n_experts
+        rows = self.rows(n_tokens)
+        return torch.arange(n_tokens * self.moe.top_k, device=device).view(rows, e).t().reshape(-1) // self.moe.top_k
+
+    def route(self, logits: torch.Tensor) -> torch.Tensor:
+        """The routing weight of each expert row (E C,) in fp32."""
+        moe = self.moe
+        n = logits.numel() // moe.n_experts
+        choice = (torch.arange(n * moe.top_k, device=logits.device) % moe.n_experts).view(n, moe.top_k)
+        weights = torch.softmax(logits, dim=-1, dtype=torch.float32).view(n, moe.n_experts).gather(1, choice)
+        if moe.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        order = torch.arange(n * moe.top_k, device=logits.device).view(self.rows(n), moe.n_experts).t().reshape(-1)
+        return weights.view(-1).index_select(0, order)
+
+    def dispatch(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The expert rows (E, C, D): each row a copy of its token."""
+        b, t, d = x.shape
+        return x.reshape(b * t, d).index_select(0, tokens).view(self.moe.n_experts, -1, d)
+
+    @staticmethod
+    def combine(out: torch.Tensor, weights: torch.Tensor, tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """Each row times its weight, summed into its token: (B, T, D) in the experts' dtype."""
+        d = out.shape[-1]
+        return torch.zeros(shape[0] * shape[1], d, dtype=out.dtype, device=out.device).index_add_(
+            0, tokens, out.view(-1, d) * weights.to(out.dtype).unsqueeze(1)).view(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # one expression: only ``x`` and ``tokens`` (saved by dispatch and combine) are locals
+        tokens = self.slots(x.shape[0] * x.shape[1], x.device)
+        y = self.combine(self.experts(self.dispatch(x, tokens)), self.route(self.router(x)), tokens, x.shape)
+        if self.shared_expert is None:
+            return y
+        if self.shared_gate is None:
+            return y + self.shared_expert(x)
+        return y + self.shared_expert(x) * torch.sigmoid(self.shared_gate(x))
