@@ -186,7 +186,10 @@ def moe_block_ops(model: ModelConfig, b: int, normed: str) -> tuple[list[OpDesc]
 
     def grouped(name: str, x: str, fan_in: int, fan_out: int) -> str:
         return add(OpDesc(name=f"{p}.experts.{name}", kind=OpKind.GROUPED_LINEAR, inputs=(x,), block=b,
-                          params=(ParamTensor(name=f"{p}.experts.{name}.weight", numel=e * fan_in * fan_out, rows=e),),
+                          # FSDP2 shards the (E, in, out) weights along dim 1 (validate.apply's
+                          # shard_placement_fn; torchtitan too when the shard degree exceeds E)
+                          params=(ParamTensor(name=f"{p}.experts.{name}.weight", numel=e * fan_in * fan_out,
+                                              rows=fan_in, shard_dim=1),),
                           fields=(("in_features", fan_in), ("moe", moe), ("out_features", fan_out))))
 
     slots = add(OpDesc(name=f"{p}.slots", kind=OpKind.MOE_SLOTS, block=b, fields=(("moe", moe),)))

@@ -77,6 +77,10 @@ class ShardUnit:
     accumulated_bytes: int = 0  # GradSync.LAST: unsharded gradients kept in the stored dtype, sum_p r(n_p o)
     last_accumulated_bytes: int = 0  # the last parameter's share of it
     upcast_peak_bytes: int = 0  # most gradient bytes while they are cast up one by one (see _upcast_peak)
+    # parameters sharded along a dim other than 0 (stacked experts): FSDP2 copies each one's
+    # all-gather output into a temporary before chunk-cat into the parameter, and its unsharded
+    # gradient into a dim-0-major copy (torch.cat of its chunks) before the reduce-scatter
+    reordered_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DT
             last_accumulated_bytes=round_bytes(specs[names[-1]].numel * o) if names else 0,
             upcast_peak_bytes=_upcast_peak([round_bytes(specs[n].numel * o) for n in names],
                                            [round_bytes(specs[n].numel * c) for n in names]),
+            reordered_bytes=sum(round_bytes(world_size * s * c) for n, s in zip(names, shards, strict=True)
+                                if specs[n].shard_dim),
         ))
     return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units), grad_sync=grad_sync)
 
@@ -205,7 +211,9 @@ class _FsdpHooks(WalkHooks):
 
     def _copy_out(self, live: Live, unit: ShardUnit, phase: Phase, op: str) -> None:
         live.add(_PARAMS, unit.unsharded_bytes)
+        live.add(_TEMPORARIES, unit.reordered_bytes)
         live.observe(phase, op, event=f"copy-out {unit.name}")
+        live.add(_TEMPORARIES, -unit.reordered_bytes)
 
     def _unshard(self, live: Live, unit: ShardUnit, phase: Phase, op: str) -> None:
         """All-gather and copy-out while the previous unit's all-gather output is still held."""
@@ -225,6 +233,7 @@ class _FsdpHooks(WalkHooks):
         live.add(_PARAMS, -unit.unsharded_bytes)
         live.add(_TEMPORARIES, unit.reduce_input_bytes - self.held_reduce)
         self.held_reduce = unit.reduce_input_bytes
+        live.add(_TEMPORARIES, unit.reordered_bytes)
         live.observe(Phase.BACKWARD, op, event=f"reduce-scatter {unit.name}")
         walk.release_grads(unit.params)
         last = unit.last_grad_bytes
@@ -233,6 +242,7 @@ class _FsdpHooks(WalkHooks):
             last = unit.last_accumulated_bytes if self.layout.upcasts_grads else unit.last_grad_bytes
         live.add(_GRADS, last + unit.sharded_grad_bytes)
         live.observe(Phase.BACKWARD, op, event=f"reduce-scatter output {unit.name}")
+        live.add(_TEMPORARIES, -unit.reordered_bytes)
         live.add(_GRADS, -last)
         if unit.name in self.reduced:  # added into the existing sharded gradient
             live.add(_GRADS, -unit.sharded_grad_bytes)

@@ -88,6 +88,10 @@ def shard_model(model: Transformer, knobs: Knobs, spec: PrecisionSpec, mesh: Any
     if spec.autocast_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[spec.autocast_dtype.value],
                                                    reduce_dtype=torch.float32)
+    from torch.distributed.tensor import Shard
+
+    # stacked expert weights (E, in, out) along dim 1: E is often below the shard degree
+    kwargs["shard_placement_fn"] = lambda param: Shard(1) if param.dim() == 3 else None
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)

@@ -103,6 +103,7 @@ class ParamTensor(BaseModel):
     numel: int
     rows: int = 0  # 0: a 1-D tensor whose rows are its elements
     grad_numel: int = 0  # 0: the gradient has the parameter's shape (a vocabulary-parallel embedding's is whole)
+    shard_dim: int = 0  # the dim FSDP2 shards (``rows`` is its size); not 0: copies at all-gather and reduce-scatter
 
     @property
     def dim0(self) -> int:
