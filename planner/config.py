@@ -280,6 +280,9 @@ def implementation_problems(values: Mapping[str, Any]) -> list[str]:
     impl, act, loss = member(Implementation, "implementation"), member(Activation, "activation"), member(LossKind, "loss")
     mlp = member(MlpKind, "mlp")
     problems = []
+    if impl not in (None, Implementation.REFERENCE) and values.get("moe") is not None:
+        problems.append(f"implementation: {impl.value}'s mixture-of-experts blocks (grouped_mm experts, sort-based "
+                        "dispatch) are not priced yet; use implementation reference")
     if impl is Implementation.TORCHTITAN and values.get("family") not in (Family.LLAMA, Family.LLAMA.value):
         problems.append(f"implementation: torchtitan is priced for family llama only (torchtitan 0.3.0's "
                         f"Llama3Model), not {values.get('family')}; use implementation hf or reference")

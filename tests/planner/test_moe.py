@@ -104,6 +104,8 @@ def test_imbalance_prices_bigger_expert_buffers() -> None:
 def test_refusals_name_the_field() -> None:
     with pytest.raises(ValueError, match="moe: family mixtral has mixture-of-experts MLPs"):
         ModelConfig(family="mixtral", **BASE)
+    with pytest.raises(ValueError, match="implementation: hf's mixture-of-experts blocks"):
+        ModelConfig(family="mixtral", **BASE, moe=dict(n_experts=4, top_k=2, d_ff_expert=8), implementation="hf")
     with pytest.raises(ValueError, match="moe.top_k"):
         MoeConfig(n_experts=2, top_k=3, d_ff_expert=8)
     with pytest.raises(ValueError, match="moe.aux_loss_coef"):
