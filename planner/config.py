@@ -255,9 +255,6 @@ def shape_problems(values: Mapping[str, Any]) -> list[str]:
         get = moe.get if isinstance(moe, Mapping) else moe.__dict__.get
         if get("expert_bias"):
             problems.append("moe.expert_bias: experts with biases (gpt-oss) are not modelled yet; set it false")
-        if get("aux_loss_coef"):
-            problems.append("moe.aux_loss_coef: the load-balancing loss is not modelled yet (its tensors are N x E); "
-                            "set 0 (transformers adds it only with output_router_logits)")
     if family in MOE_FAMILIES and moe is None:
         problems.append(f"moe: family {family} has mixture-of-experts MLPs; add a moe section (n_experts, top_k, "
                         "d_ff_expert)")

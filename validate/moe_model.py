@@ -93,6 +93,9 @@ class MoE(nn.Module):
         self.router = nn.Linear(d_model, moe.n_experts, bias=moe.router_bias)
         self.shared_expert = SharedExpert(d_model, moe.shared_d_ff) if moe.shared_d_ff else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if moe.shared_gate else None
+        # where the forward puts its load-balancing loss (aux_loss_coef > 0): a list the model's
+        # forward owns, None outside it, so a checkpoint's recompute (in the backward) keeps none
+        self.aux_sink: list[torch.Tensor] | None = None
 
     def rows(self, n_tokens: int) -> int:
         """C: each expert's rows; balanced routing needs N k / E whole."""
@@ -114,7 +117,12 @@ class MoE(nn.Module):
         moe = self.moe
         n = logits.numel() // moe.n_experts
         choice = (torch.arange(n * moe.top_k, device=logits.device) % moe.n_experts).view(n, moe.top_k)
-        weights = torch.softmax(logits, dim=-1, dtype=torch.float32).view(n, moe.n_experts).gather(1, choice)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32).view(n, moe.n_experts)
+        if moe.aux_loss_coef and self.aux_sink is not None:
+            # Switch Transformer's E sum_e f_e P_e, f_e the share of rows expert e takes (1/E here),
+            # P_e its mean probability: coef * sum_e P_e
+            self.aux_sink.append(moe.aux_loss_coef * probs.mean(0).sum())
+        weights = probs.gather(1, choice)
         if moe.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         order = torch.arange(n * moe.top_k, device=logits.device).view(self.rows(n), moe.n_experts).t().reshape(-1)

@@ -277,6 +277,10 @@ class Transformer(nn.Module):
         parallelism a rank holds two chunks of every sequence (torch's head-tail load balancing)
         and passes their positions."""
         seq_len = input_ids.shape[1]
+        moes = [block.mlp for block in self.blocks if isinstance(block.mlp, MoE)]
+        aux_losses: list[torch.Tensor] = []  # scalars: nothing big stays alive with them
+        for moe in moes:
+            moe.aux_sink = aux_losses
         x = self.embed(input_ids)
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(seq_len, device=input_ids.device))
@@ -306,7 +310,10 @@ class Transformer(nn.Module):
                 x = self.blocks[index](x, rope, mask)
                 index += 1
         # one expression: the low-precision logits are freed as soon as their fp32 copy exists
-        return F.cross_entropy(self.lm_head(self.final_norm(x)).float().flatten(0, 1), targets.flatten())
+        loss = F.cross_entropy(self.lm_head(self.final_norm(x)).float().flatten(0, 1), targets.flatten())
+        for moe in moes:
+            moe.aux_sink = None
+        return sum(aux_losses, loss)  # the MoE blocks' load-balancing losses, if any
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype | None = None) -> Transformer:

@@ -60,10 +60,12 @@ def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     saved), ``gather`` of the k chosen experts (saves its int64 (N, k) index, built by an arange
     and a remainder), renormalized by their sum if ``norm_topk_prob`` (``div`` saves both
     operands: (N, k) and (N, 1)), then ``index_select`` into row order (saves its (R,) index,
-    an arange's transposed copy).
+    an arange's transposed copy). With ``aux_loss_coef`` the load-balancing loss reads the
+    probabilities (``coef * probs.mean(0).sum()``: an (E,) mean and scalars, kept by no node).
 
     Backward, per node: index_add into (N k), div's two gradients, gather's scatter into a zeroed
-    (N, E), softmax's fp32 gradient, cast back to the logits' dtype.
+    (N, E), the load-balancing loss's (N, E) gradient added to it, softmax's fp32 gradient, cast
+    back to the logits' dtype.
     """
     moe = _moe(spec)
     logits = ctx.inputs[0]
@@ -79,6 +81,8 @@ def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         seq.alloc(probs).alloc(probs).free(probs)  # the fp32 copy, then the softmax
     else:
         seq.alloc(probs)
+    if moe.aux_loss_coef:
+        seq.alloc(f32 * e).alloc(f32).free(f32 * e).alloc(f32).free(2 * f32)  # mean, sum, times coef
     seq.alloc(chosen)
     if moe.norm_topk_prob:
         seq.alloc(f32 * n).alloc(chosen)  # sum, quotient
@@ -92,6 +96,8 @@ def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     if moe.norm_topk_prob:
         back.alloc(chosen).alloc(chosen).alloc(f32 * n).free(chosen).free(chosen)
     back.alloc(probs).free(chosen)
+    if moe.aux_loss_coef:
+        back.alloc(probs).free(probs)  # the mean's gradient, summed into the scattered one
     if logits.dtype is not DType.FP32:
         back.alloc(probs)  # softmax's fp32 gradient beside the scattered one; then the cast (input grad)
     return LayerCost(

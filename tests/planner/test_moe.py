@@ -23,13 +23,15 @@ QWEN2_MOE = ModelConfig(family="qwen2_moe", **BASE, moe=dict(n_experts=8, top_k=
 QWEN3_MOE = ModelConfig(family="qwen3_moe", **BASE, attention_head_dim=48, moe=dict(n_experts=8, top_k=2, d_ff_expert=96))
 OLMOE = ModelConfig(family="olmoe", **{**BASE, "n_layers": 3},
                     moe=dict(n_experts=8, top_k=2, d_ff_expert=96, norm_topk_prob=False, first_dense_layers=1))
-MODELS = {"mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE, "qwen3_moe": QWEN3_MOE, "olmoe": OLMOE}
+AUX = MIXTRAL.model_copy(update={"moe": MIXTRAL.moe.model_copy(update={"aux_loss_coef": 0.02, "n_experts": 8})})
+MODELS = {"mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE, "qwen3_moe": QWEN3_MOE, "olmoe": OLMOE, "aux": AUX}
 
 # (model, precision, accumulation, checkpointed blocks)
 CASES = [
     ("mixtral", "fp32", 1, ()), ("mixtral", "bf16-mixed", 2, ()), ("mixtral", "bf16-true", 2, (0, 1)),
     ("qwen2_moe", "bf16-mixed", 2, (0, 1)), ("qwen2_moe", "fp32", 2, ()),
     ("qwen3_moe", "bf16-mixed", 1, ()), ("olmoe", "bf16-true", 2, (1,)),
+    ("aux", "bf16-mixed", 2, ()), ("aux", "fp32", 1, (1,)),
 ]
 
 
@@ -108,8 +110,6 @@ def test_refusals_name_the_field() -> None:
         ModelConfig(family="mixtral", **BASE, moe=dict(n_experts=4, top_k=2, d_ff_expert=8), implementation="hf")
     with pytest.raises(ValueError, match="moe.top_k"):
         MoeConfig(n_experts=2, top_k=3, d_ff_expert=8)
-    with pytest.raises(ValueError, match="moe.aux_loss_coef"):
-        ModelConfig(family="mixtral", **BASE, moe=dict(n_experts=4, top_k=2, d_ff_expert=8, aux_loss_coef=0.01))
     training = TrainConfig(seq_len=128, global_batch_size=2)
     with pytest.raises(ConfigError, match="parallel.tp: tensor parallelism of .* mixture-of-experts"):
         estimate(MIXTRAL, training, HW, Knobs(micro_batch_size=2, parallel=ParallelDims(tp=2, sp=True)))
