@@ -1,7 +1,9 @@
-"""Read a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2) as a ModelConfig.
+"""Read a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2, and the mixture-of-
+experts mixtral, qwen2_moe, qwen3_moe, olmoe) as a ModelConfig.
 
 Keys a config.json may omit take transformers' own defaults (``_HF_DEFAULTS``; tests check them
 against the installed transformers). Every problem is a ``ConfigError`` naming the file and key.
+The MoE types' own fields are read by ``planner.hf_config_moe``.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ from pydantic import ValidationError
 from hardware.validation import describe_validation_error
 from planner.config import Activation, Family, MlpKind, ModelConfig, PositionKind
 from planner.errors import ConfigError
+from planner.hf_config_moe import MOE_DEFAULTS, MOE_TYPES, REFUSED_TYPES, moe_fields
+from planner.hf_fields import hf_bool as _hf_bool
+from planner.hf_fields import hf_float as _hf_float
+from planner.hf_fields import hf_int as _hf_int
+from planner.hf_fields import hf_rope_theta as _hf_rope_theta
 
-_HF_TYPES = ("gpt2", "llama", "mistral", "qwen2")
+_HF_TYPES = ("gpt2", "llama", "mistral", "qwen2", *MOE_TYPES)
 
-# transformers' defaults (its GPT2Config / LlamaConfig / MistralConfig / Qwen2Config) for the keys
-# a config.json may omit; tests check these against the installed transformers.
+# transformers' defaults (its GPT2Config / LlamaConfig / MistralConfig / Qwen2Config; the MoE types'
+# in planner.hf_config_moe) for the keys a config.json may omit; tests check these against the
+# installed transformers.
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": {
         "n_positions": 1024, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
@@ -37,6 +45,7 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
         "hidden_act": "silu", "attention_dropout": 0.0, "rope_theta": 10000.0, "num_key_value_heads": 32,
     },
+    **MOE_DEFAULTS,
 }
 
 # Activations priced as our MLP kinds. GPT-2's MLP is up -> GELU -> down: the reference model runs
@@ -47,57 +56,19 @@ _GPT2_ACTS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu"})
 _GATED_ACTS = frozenset({"silu", "swish"})
 
 
-def _hf_int(data: Mapping[str, Any], key: str, context: str, default: int | None = None) -> int:
-    value = data.get(key)
-    if value is None:
-        if default is not None:
-            return default
-        raise ConfigError(f"{context}: {key}: required field is missing")
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{context}: {key}: expected a positive integer, got {value!r}")
-    return value
-
-
-def _hf_float(data: Mapping[str, Any], key: str, context: str, default: float) -> float:
-    value = data.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{context}: {key}: expected a number, got {value!r}")
-    return float(value)
-
-
-def _hf_bool(data: Mapping[str, Any], key: str, context: str, default: bool) -> bool:
-    value = data.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ConfigError(f"{context}: {key}: expected true or false, got {value!r}")
-    return value
-
-
-def _hf_rope_theta(data: Mapping[str, Any], context: str, default: float) -> float:
-    """Top-level ``rope_theta`` (transformers 4 files), else inside ``rope_parameters`` (transformers
-    5 nests it there) or ``rope_scaling``."""
-    if data.get("rope_theta") is not None:
-        return _hf_float(data, "rope_theta", context, default)
-    for key in ("rope_parameters", "rope_scaling"):
-        nested = data.get(key)
-        if isinstance(nested, Mapping) and nested.get("rope_theta") is not None:
-            return _hf_float(nested, "rope_theta", f"{context}: {key}", default)
-    return default
-
-
 def model_from_hf_config(
     data: Mapping[str, Any], name: str = "custom", *, context: str = "transformers config"
 ) -> ModelConfig:
-    """A ModelConfig from a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2).
+    """A ModelConfig from a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2,
+    mixtral, qwen2_moe, qwen3_moe, olmoe).
 
     Everything comes from the file; keys it omits take transformers' defaults for its model type.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"{context}: expected a JSON object, got {type(data).__name__}")
     model_type = data.get("model_type")
+    if isinstance(model_type, str) and model_type in REFUSED_TYPES:
+        raise ConfigError(f"{context}: model_type: {model_type}: {REFUSED_TYPES[model_type]}")
     if model_type not in _HF_TYPES:
         raise ConfigError(
             f"{context}: model_type: {model_type!r} is not supported; supported model types: {', '.join(_HF_TYPES)}"
@@ -150,6 +121,7 @@ def model_from_hf_config(
             qkv_bias, out_bias, mlp_bias = True, False, False  # Qwen2Attention: q/k/v biased, o_proj not
         else:
             # MistralAttention/MistralMLP have no bias switch: transformers ignores attention_bias here
+            # (the MoE types' biases are set by moe_fields below)
             qkv_bias, out_bias, mlp_bias = False, False, False
         fields = {
             "mlp": MlpKind.SWIGLU, "positions": PositionKind.ROTARY, "activation": Activation.SILU,
@@ -158,13 +130,16 @@ def model_from_hf_config(
             "rope_theta": _hf_rope_theta(data, context, defaults["rope_theta"]),
             "dropout": _hf_float(data, "attention_dropout", context, defaults["attention_dropout"]),
         }
+        if model_type in MOE_TYPES:
+            fields.update(moe_fields(data, model_type, n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_ff=d_ff,
+                                     context=context))
     head_dim = data.get("head_dim")
-    if head_dim is not None and head_dim != d_model / n_heads:
+    if model_type not in MOE_TYPES and head_dim is not None and head_dim != d_model / n_heads:
         raise ConfigError(
             f"{context}: head_dim: {head_dim!r} differs from {'n_embd' if model_type == 'gpt2' else 'hidden_size'} / "
             f"{heads_key} = {d_model} / {n_heads}; an explicit head dim is not supported"
         )
-    if d_model % n_heads:
+    if d_model % n_heads and not fields.get("attention_head_dim"):
         raise ConfigError(f"{context}: {heads_key}: hidden size {d_model} is not divisible by {n_heads} heads")
     if n_heads % n_kv_heads:
         raise ConfigError(f"{context}: {kv_key}: {n_heads} attention heads are not divisible by {n_kv_heads} KV heads")
