@@ -73,7 +73,8 @@ def load_fixture(name: str) -> dict[str, Any]:
 # every preset
 
 
-@pytest.mark.parametrize("name", list_presets())
+# MoE presets: tests/planner/test_hf_config_moe.py builds transformers' model from their published config.json
+@pytest.mark.parametrize("name", [name for name in list_presets() if load_preset(name).model.moe is None])
 def test_preset_count_equals_transformers(name: str) -> None:
     model = load_preset(name).model
     assert count_params(model) == hf_param_count(hf_config_for(model))
