@@ -122,6 +122,22 @@ def ramp_share(hw: HardwareProfile, kind: Collective, sent_bytes: float, n_ranks
     return inside[0].fraction(sent_bytes), inside[0].ranks
 
 
+def all_to_all_time_s(n_bytes: float, hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> float:
+    """One all-to-all of ``n_bytes`` per rank: each rank sends ``n_bytes / n`` to every other rank
+    at once, the peers in its node over the intra-node links, the others through its own NIC
+    (the slower side bounds it), after one collective latency and one hop (intra, or network
+    when the group spans nodes). No published all-to-all curve is in the profiles: this is the
+    links' bandwidth at the profile's achieved shares (``collective_efficiency``,
+    ``network_efficiency``)."""
+    if n_ranks <= 1 or n_bytes <= 0:
+        return 0.0
+    local = min(gpus_per_node, n_ranks)
+    inside = n_bytes * (local - 1) / n_ranks / (hw.intra_node_bandwidth_bytes_per_s * hw.collective_efficiency)
+    across = n_bytes * (n_ranks - local) / n_ranks / (hw.inter_node_bandwidth_bytes_per_s * hw.network_efficiency)
+    hop = hw.inter_node_hop_latency_s if n_ranks > local else hw.intra_node_hop_latency_s
+    return hw.collective_latency_s + hop + max(inside, across)
+
+
 def ring_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> float:
     """One ring collective over ``n_bytes`` (the full tensor, not a shard): latency plus the bytes
     at the bus bandwidth without a published curve. With one, the bytes at the curve's share of it:
@@ -167,6 +183,8 @@ def collective_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_r
                       gpus_per_node: int) -> tuple[float, Algorithm]:
     """The time NCCL would take and the algorithm it would pick (all-reduce: ring or tree, the
     faster; all-gather and reduce-scatter: ring)."""
+    if kind is Collective.ALL_TO_ALL:
+        return all_to_all_time_s(n_bytes, hw, n_ranks, gpus_per_node), Algorithm.RING
     ring = ring_time_s(n_bytes, kind, hw, n_ranks, gpus_per_node)
     if kind is Collective.ALL_REDUCE and nodes_of(n_ranks, gpus_per_node) > 1:
         tree = tree_time_s(n_bytes, hw, n_ranks, gpus_per_node)

@@ -27,6 +27,10 @@ class Collective(StrEnum):
     # all_to_all_single with one peer, NCCL send/recv): one step of a ring. Its size is the group's
     # buffers together, as an all-gather's is its output
     PERMUTE = "permute"
+    # every rank sends a 1/n share of its buffer to each other rank of the group (NCCL's
+    # all-to-all: n - 1 concurrent send/recv pairs, not a ring). Its size is one rank's buffer,
+    # as nccl-tests' alltoall counts it
+    ALL_TO_ALL = "all_to_all"
 
 
 def ring_step_count(kind: Collective, n_ranks: int) -> int:

@@ -31,6 +31,7 @@ from planner.precision import PrecisionSpec, precision_spec
 from planner.schedule import Schedule
 from planner.strategies import Fsdp2, strategy_for
 from planner.strategies.context import check_context_parallel, local_seq_len, shard_context_parallel
+from planner.strategies.expert import check_expert_parallel, shard_experts
 from planner.strategies.tensor import check_tensor_parallel, rank_description
 from planner.timing import (
     OpGroup,
@@ -108,6 +109,7 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
         raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
     check_tensor_parallel(model, local_seq_len(training.seq_len, knobs.parallel), knobs.parallel)
     check_context_parallel(model, training.seq_len, knobs.parallel)
+    check_expert_parallel(model, knobs.parallel)
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
     if outside:
         raise ConfigError(
@@ -135,11 +137,13 @@ _TIMES: IdentityCache[OpTimes] = IdentityCache()
 
 @lru_cache(maxsize=64)
 def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSpec, tp: int = 1, sp: bool = False,
-                 tp_ranks_per_node: int = 1, cp: int = 1, cp_ranks_per_node: int = 1) -> LayerGraph:
+                 tp_ranks_per_node: int = 1, cp: int = 1, cp_ranks_per_node: int = 1, ep: int = 1,
+                 ep_ranks_per_node: int = 1) -> LayerGraph:
     """One rank's graph: the model's description as tensor and context parallelism shard it
     (``planner.strategies.tensor``, ``planner.strategies.context``; ``seq_len`` is the rank's
     share of each sequence), each op priced by its formula."""
     desc = shard_context_parallel(rank_description(model, tp, sp, tp_ranks_per_node), cp, cp_ranks_per_node)
+    desc = shard_experts(desc, ep, ep_ranks_per_node)
     return build_graph(model, batch, seq_len, spec, desc)
 
 
@@ -149,7 +153,8 @@ def rank_graph(model: ModelConfig, training: TrainConfig, knobs: Knobs, spec: Pr
     its shard of the model)."""
     dims = knobs.parallel
     return cached_graph(model, knobs.micro_batch_size, local_seq_len(training.seq_len, dims), spec, dims.tp, dims.sp,
-                        dims.ranks_per_node(Group.TP, gpus_per_node), dims.cp, dims.ranks_per_node(Group.CP, gpus_per_node))
+                        dims.ranks_per_node(Group.TP, gpus_per_node), dims.cp, dims.ranks_per_node(Group.CP, gpus_per_node),
+                        dims.ep, dims.ranks_per_node(Group.EP, gpus_per_node))
 
 
 def op_rooflines(graph: LayerGraph, hw: HardwareProfile) -> tuple[OpRoofline, ...]:

@@ -63,7 +63,7 @@ FSDP_PRECISIONS = (PrecisionPolicy.FP32, PrecisionPolicy.TF32, PrecisionPolicy.B
 class ShardUnit:
     """One ``fully_shard`` call's parameters and the bytes of its buffers on rank 0."""
 
-    name: str  # "root" or "blocks.<i>"
+    name: str  # "root", "blocks.<i>", or "blocks.<i>.mlp.experts" (expert parallelism: nested in the block's)
     block: int | None
     params: tuple[str, ...]  # state-dict names, in registration order
     padded_numel: int  # S_U: padded shard elements per rank
@@ -78,9 +78,13 @@ class ShardUnit:
     last_accumulated_bytes: int = 0  # the last parameter's share of it
     upcast_peak_bytes: int = 0  # most gradient bytes while they are cast up one by one (see _upcast_peak)
     # parameters sharded along a dim other than 0 (stacked experts): FSDP2 copies each one's
-    # all-gather output into a temporary before chunk-cat into the parameter, and its unsharded
-    # gradient into a dim-0-major copy (torch.cat of its chunks) before the reduce-scatter
+    # all-gather output into a temporary before chunk-cat into the parameter, and (on several
+    # ranks) its unsharded gradient into a dim-0-major copy (torch.cat of its chunks) before the
+    # reduce-scatter (the largest one: each copy replaces its gradient)
     reordered_bytes: int = 0
+    reordered_grad_bytes: int = 0
+    world_size: int = 0  # ranks of its mesh (0: the layout's)
+    nested: bool = False  # a module inside its block's unit (the experts under expert parallelism)
 
 
 @dataclass(frozen=True)
@@ -104,47 +108,74 @@ class FsdpLayout:
 
     @property
     def blocks(self) -> dict[int, ShardUnit]:
-        return {u.block: u for u in self.units if u.block is not None}
+        return {u.block: u for u in self.units if u.block is not None and not u.nested}
 
 
 def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DType,
-                round_bytes: Callable[[int], int], grad_sync: GradSync = GradSync.EVERY) -> FsdpLayout:
+                round_bytes: Callable[[int], int], grad_sync: GradSync = GradSync.EVERY,
+                expert_world_size: int | None = None) -> FsdpLayout:
     """The units of ``graph`` (built in the compute precision) when sharded over ``world_size``
-    ranks, parameters stored in ``stored_dtype`` (fp32 under a bf16 MixedPrecisionPolicy)."""
+    ranks, parameters stored in ``stored_dtype`` (fp32 under a bf16 MixedPrecisionPolicy).
+    Under expert parallelism each block's experts are a unit of their own (torchtitan's
+    ``fully_shard(block.moe.experts, mesh=dp_mod_ep)`` before the block's), sharded over
+    ``expert_world_size`` ranks (one: FSDP2 on a one-rank mesh, which still gathers and reduces)."""
     if stage not in (2, 3) or world_size < 2:
         raise ValueError(f"FSDP2 layout needs stage 2 or 3 and several ranks, got stage {stage} on {world_size}")
-    owner: dict[str, int | None] = {}
+    owner: dict[str, tuple[int | None, bool]] = {}
     for op in graph.nodes:  # first use ~ registration order; tied weights belong to the root
         for param in op.spec.params:
-            owner.setdefault(param.name, op.spec.block)
+            owner.setdefault(param.name, (op.spec.block, param.expert_parallel))
     specs = graph.param_specs
     o, c = stored_dtype.n_bytes, graph.precision.param_dtype.n_bytes
-    groups: dict[int | None, list[str]] = {None: []}
-    for name, block in owner.items():
-        groups.setdefault(block, []).append(name)
+    groups: dict[tuple[int | None, bool], list[str]] = {(None, False): []}
+    for name, key in owner.items():
+        groups.setdefault(key, []).append(name)
     units = []
-    for block in sorted(groups, key=lambda b: -1 if b is None else b):
-        names = groups[block]
-        shards = [fsdp_shard_numel(specs[n], world_size) for n in names]
+    # registration order of the units: the root, then each block, its experts first (fully_shard
+    # runs on the experts before their block; FSDP2's order is the modules' post-forward order)
+    for block, experts in sorted(groups, key=lambda k: (-1, 0) if k[0] is None else (k[0], 0 if k[1] else 1)):
+        names = groups[(block, experts)]
+        ranks = expert_world_size or world_size if experts else world_size
+        shards = [fsdp_shard_numel(specs[n], ranks) for n in names]
         total = sum(shards)
+        name = ROOT if block is None else f"blocks.{block}" + (".mlp.experts" if experts else "")
+        if ranks == 1:  # FSDP2 on one rank gathers nothing: each parameter's (cast) shard is copied out
+            casts = [round_bytes(s * c) for s in shards] if c != o else [0]
+            units.append(ShardUnit(
+                name=name, block=block, world_size=1, nested=experts, params=tuple(names), padded_numel=total,
+                sharded_bytes=sum(round_bytes(s * o) for s in shards), gather_input_bytes=max(casts, default=0),
+                gather_output_bytes=0, unsharded_bytes=sum(round_bytes(s * c) for s in shards),
+                reduce_input_bytes=round_bytes(total * o), sharded_grad_bytes=round_bytes(total * o),
+                last_grad_bytes=round_bytes(specs[names[-1]].numel * c) if names else 0,
+                accumulated_bytes=sum(round_bytes(specs[n].numel * o) for n in names),
+                last_accumulated_bytes=round_bytes(specs[names[-1]].numel * o) if names else 0,
+                upcast_peak_bytes=_upcast_peak([round_bytes(specs[n].numel * o) for n in names],
+                                               [round_bytes(specs[n].numel * c) for n in names])))
+            continue
         units.append(ShardUnit(
-            name=ROOT if block is None else f"blocks.{block}",
+            name=name,
             block=block,
+            world_size=ranks,
+            nested=experts,
             params=tuple(names),
             padded_numel=total,
             sharded_bytes=sum(round_bytes(s * o) for s in shards),
             gather_input_bytes=round_bytes(total * c) if c != o else 0,
-            gather_output_bytes=round_bytes(world_size * total * c),
-            unsharded_bytes=sum(round_bytes(world_size * s * c) for s in shards),
-            reduce_input_bytes=round_bytes(world_size * total * o),
+            gather_output_bytes=round_bytes(ranks * total * c),
+            unsharded_bytes=sum(round_bytes(ranks * s * c) for s in shards),
+            reduce_input_bytes=round_bytes(ranks * total * o),
             sharded_grad_bytes=round_bytes(total * o),
             last_grad_bytes=round_bytes(specs[names[-1]].numel * c) if names else 0,
             accumulated_bytes=sum(round_bytes(specs[n].numel * o) for n in names),
             last_accumulated_bytes=round_bytes(specs[names[-1]].numel * o) if names else 0,
             upcast_peak_bytes=_upcast_peak([round_bytes(specs[n].numel * o) for n in names],
                                            [round_bytes(specs[n].numel * c) for n in names]),
-            reordered_bytes=sum(round_bytes(world_size * s * c) for n, s in zip(names, shards, strict=True)
+            reordered_bytes=sum(round_bytes(ranks * s * c) for n, s in zip(names, shards, strict=True)
                                 if specs[n].shard_dim),
+            # each copy replaces its gradient in foreach_reduce's list (the original dies with it):
+            # one parameter's worth exists twice for a moment
+            reordered_grad_bytes=max((round_bytes(ranks * s * c) for n, s in zip(names, shards, strict=True)
+                                      if specs[n].shard_dim and ranks > 1), default=0),
         ))
     return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units), grad_sync=grad_sync)
 
@@ -178,21 +209,32 @@ class _FsdpHooks(WalkHooks):
         self.layout = layout
         self.stage3 = layout.stage == 3
         self.names = prep.names
-        self.blocks = layout.blocks
-        first: dict[int, int] = {}
-        last: dict[int, int] = {}
-        for position, block in enumerate(prep.block):
-            if block is not None:
-                first.setdefault(block, position)
-                last[block] = position
-        self.entry = {position: block for block, position in first.items()}  # a block's first op
-        self.exit = {position: block for block, position in last.items()}  # a block's last op
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        units = {u.name: u for u in layout.units}
+        for position, (name, block) in enumerate(zip(prep.names, prep.block, strict=True)):
+            if block is None:
+                continue
+            for unit in (f"blocks.{block}", f"blocks.{block}.mlp.experts"):
+                if unit in units and (name.startswith(unit + ".") or unit == f"blocks.{block}"):
+                    first.setdefault(unit, position)
+                    last[unit] = position
+        self.entry: dict[int, list[ShardUnit]] = {}  # a unit's first op (its pre-forward, its post-backward)
+        self.exit: dict[int, list[ShardUnit]] = {}  # its last op (its post-forward, its pre-backward)
+        for unit, position in first.items():
+            self.entry.setdefault(position, []).append(units[unit])
+        for unit, position in last.items():
+            self.exit.setdefault(position, []).append(units[unit])
+        # FSDP2 prefetches in the reverse of the post-forward order
+        self.backward_order = [units[u] for u in sorted(last, key=lambda u: -last[u])]
+        self.next_in_backward = dict(zip((u.name for u in self.backward_order), self.backward_order[1:], strict=False))
         self.reduced: set[str] = set()  # units whose sharded gradient exists
         self.sync = True  # this micro-batch reduce-scatters (GradSync.LAST: only the last one)
         self.held: dict[str, int] = {}  # unit -> bytes of unsharded gradients kept across micro-batches
         self.held_gather = 0  # forward: the previous unit's all-gather output
         self.held_reduce = 0  # the previous unit's reduce-scatter input
-        self.prefetched: dict[int, int] = {}  # block -> its all-gather output, gathered ahead
+        self.prefetched: dict[str, int] = {}  # unit -> its all-gather output, gathered ahead
+        self.copied: set[str] = set()  # nested units a checkpoint's recompute copied out this backward
 
     @property
     def held_params(self) -> frozenset[str]:
@@ -233,7 +275,7 @@ class _FsdpHooks(WalkHooks):
         live.add(_PARAMS, -unit.unsharded_bytes)
         live.add(_TEMPORARIES, unit.reduce_input_bytes - self.held_reduce)
         self.held_reduce = unit.reduce_input_bytes
-        live.add(_TEMPORARIES, unit.reordered_bytes)
+        live.add(_TEMPORARIES, unit.reordered_grad_bytes)
         live.observe(Phase.BACKWARD, op, event=f"reduce-scatter {unit.name}")
         walk.release_grads(unit.params)
         last = unit.last_grad_bytes
@@ -242,7 +284,7 @@ class _FsdpHooks(WalkHooks):
             last = unit.last_accumulated_bytes if self.layout.upcasts_grads else unit.last_grad_bytes
         live.add(_GRADS, last + unit.sharded_grad_bytes)
         live.observe(Phase.BACKWARD, op, event=f"reduce-scatter output {unit.name}")
-        live.add(_TEMPORARIES, -unit.reordered_bytes)
+        live.add(_TEMPORARIES, -unit.reordered_grad_bytes)
         live.add(_GRADS, -last)
         if unit.name in self.reduced:  # added into the existing sharded gradient
             live.add(_GRADS, -unit.sharded_grad_bytes)
@@ -272,14 +314,13 @@ class _FsdpHooks(WalkHooks):
         self._unshard(walk.live, self.layout.root, Phase.FORWARD, self.names[0])
 
     def before_forward(self, walk: Walk, op: int) -> None:
-        block = self.entry.get(op)
-        if block is not None:
-            self._unshard(walk.live, self.blocks[block], Phase.FORWARD, self.names[op])
+        for unit in self.entry.get(op, ()):
+            self._unshard(walk.live, unit, Phase.FORWARD, self.names[op])
 
     def after_forward(self, walk: Walk, op: int) -> None:
-        block = self.exit.get(op)
-        if block is not None and self.stage3:
-            walk.live.add(_PARAMS, -self.blocks[block].unsharded_bytes)
+        if self.stage3:
+            for unit in self.exit.get(op, ()):
+                walk.live.add(_PARAMS, -unit.unsharded_bytes)
 
     def forward_end(self, walk: Walk) -> None:
         walk.live.add(_TEMPORARIES, -self.held_gather)
@@ -288,32 +329,44 @@ class _FsdpHooks(WalkHooks):
             walk.live.add(_PARAMS, -self.layout.root.unsharded_bytes)
 
     # --- backward -------------------------------------------------------------------------------
-    def _prefetch(self, live: Live, block: int, op: str) -> None:
-        if block in self.blocks:
-            self.prefetched[block] = self._all_gather(live, self.blocks[block], Phase.BACKWARD, op)
+    def _prefetch(self, live: Live, unit: ShardUnit | None, op: str) -> None:
+        if unit is not None:
+            self.prefetched[unit.name] = self._all_gather(live, unit, Phase.BACKWARD, op)
 
     def backward_start(self, walk: Walk) -> None:
+        self.copied.clear()
         if not self.stage3:
             return
         live, op, root = walk.live, self.names[-1], self.layout.root
         gathered = self._all_gather(live, root, Phase.BACKWARD, op)
         self._copy_out(live, root, Phase.BACKWARD, op)
         live.add(_TEMPORARIES, -gathered)  # freed as wait_for_unshard returns (not in the forward)
-        self._prefetch(live, max(self.blocks), op)
+        self._prefetch(live, self.backward_order[0] if self.backward_order else None, op)
+
+    def before_recompute(self, walk: Walk, op: int) -> None:
+        """A checkpoint's recompute runs a nested unit's forward before its pre-backward (its
+        output's gradient comes later): FSDP2's pre-forward copies the prefetched gather out then."""
+        if not self.stage3:
+            return
+        for unit in self.entry.get(op, ()):
+            if unit.nested and unit.name not in self.copied and unit.name in self.prefetched:
+                self._copy_out(walk.live, unit, Phase.RECOMPUTE, self.names[op])
+                walk.live.add(_TEMPORARIES, -self.prefetched.pop(unit.name))
+                self.copied.add(unit.name)
 
     def before_backward(self, walk: Walk, op: int) -> None:
-        block = self.exit.get(op)
-        if block is None or not self.stage3:
+        if not self.stage3:
             return
         live, name = walk.live, self.names[op]
-        self._copy_out(live, self.blocks[block], Phase.BACKWARD, name)
-        live.add(_TEMPORARIES, -self.prefetched.pop(block, 0))
-        self._prefetch(live, block - 1, name)
+        for unit in self.exit.get(op, ()):
+            if unit.name not in self.copied:
+                self._copy_out(live, unit, Phase.BACKWARD, name)
+                live.add(_TEMPORARIES, -self.prefetched.pop(unit.name, 0))
+            self._prefetch(live, self.next_in_backward.get(unit.name), name)
 
     def after_backward(self, walk: Walk, op: int) -> None:
-        block = self.entry.get(op)
-        if block is not None:
-            self._post_backward(walk, self.blocks[block], self.names[op])
+        for unit in self.entry.get(op, ()):
+            self._post_backward(walk, unit, self.names[op])
 
     def backward_end(self, walk: Walk) -> None:
         self._post_backward(walk, self.layout.root, self.names[0])
@@ -374,11 +427,22 @@ def fsdp_communication(layout: FsdpLayout, hw: HardwareProfile, parallel: Parall
     """
     root, blocks = layout.root, [u for u in layout.units if u.block is not None]
 
+    def over(units: Sequence[ShardUnit], kind: Collective, size: Callable[[ShardUnit], int]) -> float:
+        """The units' collectives, each over its own mesh: the expert units' ranks (dp_shard / ep)
+        are every ep-th of the data-parallel ranks, so fewer of them share a node."""
+        total = 0.0
+        for ranks in sorted({u.world_size or parallel.world_size for u in units}):
+            group = [u for u in units if (u.world_size or parallel.world_size) == ranks]
+            stride = max(1, parallel.world_size // ranks)
+            config = ParallelConfig(world_size=ranks, gpus_per_node=max(1, parallel.gpus_per_node // stride))
+            total += ring_time_s(sum(size(u) for u in group), kind, hw, config, len(group))
+        return total
+
     def gather(units: Sequence[ShardUnit]) -> float:
-        return ring_time_s(sum(u.gather_output_bytes for u in units), Collective.ALL_GATHER, hw, parallel, len(units))
+        return over(units, Collective.ALL_GATHER, lambda u: u.gather_output_bytes)
 
     def scatter(units: Sequence[ShardUnit]) -> float:
-        return ring_time_s(sum(u.reduce_input_bytes for u in units), Collective.REDUCE_SCATTER, hw, parallel, len(units))
+        return over(units, Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes)
 
     fwd_blocks, bwd_blocks = gather(blocks), gather(blocks) if layout.stage == 3 else 0.0
     root_gather, root_scatter, block_scatter = gather([root]), scatter([root]), scatter(blocks)

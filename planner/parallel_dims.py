@@ -20,9 +20,15 @@ ring; as in torchtitan, FSDP2 shards the model over the data-parallel and contex
 ranks together (its flattened ``dp_shard_cp`` mesh), so ``sharding`` may be set with
 ``dp_shard`` 1 when ``cp`` > 1.
 
+``ep`` is expert parallelism: as in torchtitan, it is carved out of the FSDP ranks and does not
+multiply the world size. Each rank of an ep group (``ep`` consecutive data-parallel ranks) holds
+E/ep of every MoE block's experts and exchanges the routed tokens with its group by all-to-all;
+FSDP2 shards those experts over the ``dp_shard / ep`` ranks that hold the same ones (torchtitan's
+``dp_mod_ep`` mesh: one rank when ep = dp_shard).
+
 Modelled today: one data-parallel dimension (replicate or shard, not both: HSDP is not
-modelled), tensor and context parallelism; pp = ep = 1. Other layouts are refused by name,
-never priced wrongly.
+modelled), tensor, context and expert parallelism (ep with FSDP2, without cp); pp = 1. Other
+layouts are refused by name, never priced wrongly.
 """
 
 from __future__ import annotations
@@ -48,11 +54,12 @@ class Group(StrEnum):
     CP = "cp"  # a context-parallel group
     DP = "dp"  # the data-parallel ranks (DDP, ZeRO-1)
     FSDP = "fsdp"  # the ranks FSDP2 shards over: data- and context-parallel together
+    EP = "ep"  # an expert-parallel group: ep consecutive data-parallel ranks
 
 
 ZERO_STAGE_OF = {None: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}
 SHARDING_OF_STAGE = {stage: sharding for sharding, stage in ZERO_STAGE_OF.items()}
-NOT_MODELLED = ("pp", "ep")
+NOT_MODELLED = ("pp",)
 
 
 class ParallelDims(BaseModel):
@@ -67,7 +74,8 @@ class ParallelDims(BaseModel):
     sp: bool = Field(default=False, description="sequence parallelism inside the tensor-parallel group")
     cp: PositiveInt = Field(default=1, description="context parallel degree (torch's context_parallel: ring attention)")
     pp: PositiveInt = Field(default=1, description="pipeline parallel degree (not modelled yet)")
-    ep: PositiveInt = Field(default=1, description="expert parallel degree (not modelled yet)")
+    ep: PositiveInt = Field(default=1, description="expert parallel degree: each MoE block's experts split over "
+                            "this many of the FSDP2 ranks, routed tokens exchanged by all-to-all; divides dp_shard")
 
     @model_validator(mode="before")
     @classmethod
@@ -89,6 +97,10 @@ class ParallelDims(BaseModel):
                              "modelled; use one data-parallel dimension")
         if self.sp and self.tp == 1:
             raise ValueError("parallel.sp: sequence parallelism runs inside a tensor-parallel group; use tp > 1")
+        if self.ep > 1 and (not self.shards_parameters or self.dp_shard % self.ep or self.cp > 1):
+            raise ValueError(f"parallel.ep: expert parallelism is modelled over FSDP2's data-parallel ranks without "
+                             f"context parallelism: use an ep that divides dp_shard ({self.dp_shard}) with ZeRO-2/3 and "
+                             "cp 1, or ep 1")
         for name in NOT_MODELLED:
             if getattr(self, name) > 1:
                 raise ValueError(f"parallel.{name}: {getattr(self, name)} is not modelled yet; use {name} = 1")
@@ -96,7 +108,7 @@ class ParallelDims(BaseModel):
 
     @classmethod
     def data_parallel_of(cls, world_size: int, zero_stage: int, tp: int = 1, sp: bool = False,
-                         cp: int = 1) -> ParallelDims:
+                         cp: int = 1, ep: int = 1) -> ParallelDims:
         """``world_size`` GPUs: groups of ``tp`` tensor-parallel ranks, ``cp`` such groups to a
         context-parallel group, data parallel over those at a ZeRO stage (0: DDP; 1: ZeRO-1;
         2/3: FSDP2, over the data- and context-parallel ranks)."""
@@ -108,12 +120,12 @@ class ParallelDims(BaseModel):
         if data * cp == 1 or zero_stage == 0:
             if zero_stage:
                 raise ValueError("zero_stage: sharding needs several data-parallel ranks; use zero_stage 0")
-            return cls(dp_replicate=data, tp=tp, sp=sp, cp=cp)
-        return cls(dp_shard=data, sharding=SHARDING_OF_STAGE[zero_stage], tp=tp, sp=sp, cp=cp)
+            return cls(dp_replicate=data, tp=tp, sp=sp, cp=cp, ep=ep)
+        return cls(dp_shard=data, sharding=SHARDING_OF_STAGE[zero_stage], tp=tp, sp=sp, cp=cp, ep=ep)
 
     @property
     def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.pp * self.ep
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.pp  # ep is carved out of dp_shard
 
     @property
     def data_parallel(self) -> int:
@@ -123,8 +135,10 @@ class ParallelDims(BaseModel):
     def ranks_per_node(self, group: Group, gpus_per_node: int) -> int:
         """How many ranks of one ``group`` share a node, the mesh laid out tp innermost, then cp,
         then data parallelism."""
-        inner = {Group.TP: 1, Group.CP: self.tp, Group.DP: self.tp * self.cp, Group.FSDP: self.tp}[group]
-        size = {Group.TP: self.tp, Group.CP: self.cp, Group.DP: self.data_parallel, Group.FSDP: self.fsdp_ranks}[group]
+        inner = {Group.TP: 1, Group.CP: self.tp, Group.DP: self.tp * self.cp, Group.FSDP: self.tp,
+                 Group.EP: self.tp * self.cp}[group]
+        size = {Group.TP: self.tp, Group.CP: self.cp, Group.DP: self.data_parallel, Group.FSDP: self.fsdp_ranks,
+                Group.EP: self.ep}[group]
         return max(1, min(size, gpus_per_node // inner))
 
     @property
@@ -132,6 +146,11 @@ class ParallelDims(BaseModel):
         """The ranks FSDP2 (or ZeRO-1) shards the model state over: the data-parallel ranks, and
         the context-parallel ranks with them (torchtitan's ``dp_shard_cp``)."""
         return self.data_parallel * self.cp
+
+    @property
+    def expert_shard_ranks(self) -> int:
+        """The ranks FSDP2 shards one rank's experts over (torchtitan's ``dp_mod_ep``)."""
+        return self.fsdp_ranks // self.ep
 
     @property
     def shards_parameters(self) -> bool:
@@ -160,4 +179,6 @@ def layout_label(dims: ParallelDims) -> str:
         parts.append(f"CP {dims.cp}")
     if dims.tp > 1:
         parts.append(f"TP {dims.tp}" + (" + SP" if dims.sp else ""))
+    if dims.ep > 1:
+        parts.append(f"EP {dims.ep}")
     return ", ".join(parts) or "one GPU"

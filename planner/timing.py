@@ -109,6 +109,7 @@ class TimeBreakdown(BaseModel):
     communication_s: float = 0.0  # data parallelism: what its collectives add beyond the compute they overlap
     tensor_parallel_s: float = 0.0  # tensor parallelism's collectives, on the critical path (inside forward/backward)
     context_parallel_s: float = 0.0  # what the ring attention's collectives add beyond the blocks they overlap
+    expert_parallel_s: float = 0.0  # expert parallelism's all-to-alls, on the critical path
     step_time_s: float
     lower_bound_s: float
 
@@ -124,6 +125,8 @@ class _Timed(BaseModel):
     bwd_bytes: float
     fwd_cp_s: float = 0.0
     bwd_cp_s: float = 0.0
+    fwd_ep_s: float = 0.0
+    bwd_ep_s: float = 0.0
 
 
 def op_roofline(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile) -> OpRoofline:
@@ -197,19 +200,21 @@ def _cost_times(op: GraphNode, precision: ComputePrecision, hw: HardwareProfile)
     bwd_bytes = cost.bwd_bytes_moved if cost.has_backward else 0.0
     bwd = op_time(bwd_flops, bwd_bytes, compute, hw, cost.bwd_kernels if cost.has_backward else 0,
                   kernel_rate(cost, compute, hw, Direction.BWD) if bwd_flops else None, memory)
-    fwd, fwd_cp = _with_collectives(_in_a_step(fwd, hw), cost.fwd_collectives, hw)
-    bwd, bwd_cp = _with_collectives(_in_a_step(bwd, hw), cost.bwd_collectives if cost.has_backward else (), hw)
-    return _Timed(fwd=fwd, bwd=bwd, bwd_flops=bwd_flops, bwd_bytes=bwd_bytes, fwd_cp_s=fwd_cp, bwd_cp_s=bwd_cp)
+    fwd, fwd_cp, fwd_ep = _with_collectives(_in_a_step(fwd, hw), cost.fwd_collectives, hw)
+    bwd, bwd_cp, bwd_ep = _with_collectives(_in_a_step(bwd, hw), cost.bwd_collectives if cost.has_backward else (), hw)
+    return _Timed(fwd=fwd, bwd=bwd, bwd_flops=bwd_flops, bwd_bytes=bwd_bytes, fwd_cp_s=fwd_cp, bwd_cp_s=bwd_cp,
+                  fwd_ep_s=fwd_ep, bwd_ep_s=bwd_ep)
 
 
-def _with_collectives(timed: OpTime, calls: tuple[CollectiveCall, ...], hw: HardwareProfile) -> tuple[OpTime, float]:
+def _with_collectives(timed: OpTime, calls: tuple[CollectiveCall, ...], hw: HardwareProfile
+                      ) -> tuple[OpTime, float, float]:
     """Add what the collectives an op runs put on its critical path (NCCL's model of each, less
     the share of the op's kernel time it runs beside, ``overlap``; the ring bytes term at full
-    link speed to the lower bound), and return the context-parallel part of it. Not scaled by
+    link speed to the lower bound), and return its context- and expert-parallel parts. Not scaled by
     ``step_efficiency``: that is the kernels' share."""
     if not calls:
-        return timed, 0.0
-    exposed = ideal = cp = 0.0
+        return timed, 0.0, 0.0
+    exposed = ideal = cp = ep = 0.0
     for call in calls:
         comm_s, _ = collective_time_s(call.n_bytes, call.kind, hw, call.group_size, call.ranks_per_node)
         waited = call.calls * max(0.0, comm_s - call.overlap * timed.time_s)
@@ -219,8 +224,10 @@ def _with_collectives(timed: OpTime, calls: tuple[CollectiveCall, ...], hw: Hard
                                   - call.overlap * timed.lower_bound_s)
         if call.dimension is MeshDim.CP:
             cp += waited
+        elif call.dimension is MeshDim.EP:
+            ep += waited
     return timed.model_copy(update={"time_s": timed.time_s + exposed, "lower_bound_s": timed.lower_bound_s + ideal,
-                                    "communication_time_s": exposed}), cp
+                                    "communication_time_s": exposed}), cp, ep
 
 
 def _in_a_step(timed: OpTime, hw: HardwareProfile) -> OpTime:
@@ -290,12 +297,16 @@ class OpTimes(BaseModel):
     bwd_comm_s: tuple[float, ...] = ()
     fwd_cp_s: tuple[float, ...] = ()  # of those: context parallelism's
     bwd_cp_s: tuple[float, ...] = ()
+    fwd_ep_s: tuple[float, ...] = ()  # ... and expert parallelism's
+    bwd_ep_s: tuple[float, ...] = ()
 
 
 def op_times(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: HardwareProfile) -> OpTimes:
     """Forward, backward and lower-bound time of every op (each distinct cost timed once)."""
     timed: dict[int, _Timed] = {}
     fwd, bwd, lower, fwd_lower, fwd_comm, bwd_comm, fwd_cp, bwd_cp = [], [], [], [], [], [], [], []
+    fwd_ep: list[float] = []
+    bwd_ep: list[float] = []
     for op in ops:
         key = id(op.cost)
         if key not in timed:
@@ -310,10 +321,12 @@ def op_times(ops: tuple[GraphNode, ...], precision: ComputePrecision, hw: Hardwa
         bwd_comm.append(b.communication_time_s)
         fwd_cp.append(t.fwd_cp_s)
         bwd_cp.append(t.bwd_cp_s)
+        fwd_ep.append(t.fwd_ep_s)
+        bwd_ep.append(t.bwd_ep_s)
     return OpTimes.model_construct(names=tuple(op.spec.name for op in ops), fwd_s=tuple(fwd), bwd_s=tuple(bwd),
                                    lower_bound_s=tuple(lower), fwd_lower_bound_s=tuple(fwd_lower),
                                    fwd_comm_s=tuple(fwd_comm), bwd_comm_s=tuple(bwd_comm), fwd_cp_s=tuple(fwd_cp),
-                                   bwd_cp_s=tuple(bwd_cp))
+                                   bwd_cp_s=tuple(bwd_cp), fwd_ep_s=tuple(fwd_ep), bwd_ep_s=tuple(bwd_ep))
 
 
 def step_time(
@@ -336,13 +349,16 @@ def step_time(
     cp_fwd, cp_bwd = sum(times.fwd_cp_s), sum(times.bwd_cp_s)
     cp_re = sum(t for name, t in zip(times.names, times.fwd_cp_s, strict=True) if name in recomputed)
     context = n_fwd * cp_fwd + n_bwd * (cp_bwd + cp_re)
+    ep_re = sum(t for name, t in zip(times.names, times.fwd_ep_s, strict=True) if name in recomputed)
+    experts = n_fwd * sum(times.fwd_ep_s) + n_bwd * (sum(times.bwd_ep_s) + ep_re)
     return TimeBreakdown(
         forward_s=n_fwd * forward,
         backward_s=n_bwd * backward,
         recompute_s=n_bwd * recompute,
         optimizer_s=optimizer_s[0],
-        tensor_parallel_s=n_fwd * comm_fwd + n_bwd * (comm_bwd + comm_re) - context,
+        tensor_parallel_s=n_fwd * comm_fwd + n_bwd * (comm_bwd + comm_re) - context - experts,
         context_parallel_s=context,
+        expert_parallel_s=experts,
         step_time_s=n_fwd * forward + n_bwd * (backward + recompute) + optimizer_s[0],
         lower_bound_s=n_fwd * fwd_lower + n_bwd * bwd_lower + optimizer_s[1],
     )

@@ -76,9 +76,10 @@ def wrap_data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn
     return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
 
 
-def shard_model(model: Transformer, knobs: Knobs, spec: PrecisionSpec, mesh: Any) -> Transformer:
-    """ZeRO-2/3 as FSDP2: ``fully_shard`` every block, then the model (the root: embedding, final
-    norm, head), each with ``reshard_after_forward`` for ``Sharding.FULL`` (ZeRO-3). A mixed policy becomes a
+def shard_model(model: Transformer, knobs: Knobs, spec: PrecisionSpec, mesh: Any, experts_mesh: Any = None
+                ) -> Transformer:
+    """ZeRO-2/3 as FSDP2: ``fully_shard`` every block (under expert parallelism its experts first,
+    over ``experts_mesh``), then the model (the root: embedding, final norm, head), each with ``reshard_after_forward`` for ``Sharding.FULL`` (ZeRO-3). A mixed policy becomes a
     ``MixedPrecisionPolicy(param_dtype=<autocast dtype>, reduce_dtype=fp32)``: the forward then
     runs on gathered low-precision parameters without autocast (``step_spec``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -93,6 +94,11 @@ def shard_model(model: Transformer, knobs: Knobs, spec: PrecisionSpec, mesh: Any
     # stacked expert weights (E, in, out) along dim 1: E is often below the shard degree
     kwargs["shard_placement_fn"] = lambda param: Shard(1) if param.dim() == 3 else None
     for block in model.blocks:
+        experts = getattr(block.mlp, "experts", None)
+        if experts_mesh is not None and experts is not None:
+            # expert parallelism: a rank's experts are their own unit over the ranks holding the
+            # same ones (torchtitan's apply_fsdp: fully_shard(experts, mesh=dp_mod_ep) first)
+            fully_shard(experts, mesh=experts_mesh, reshard_after_forward=reshard, **kwargs)
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     return model

@@ -103,7 +103,7 @@ def _simulate_layout(plan: PlanResult) -> int:
     rows = plan.best.knobs.micro_batch_size * plan.best.knobs.grad_accum_steps  # the whole step's batch
     with fake_process_group(knobs.parallel) as mesh, FakeTensorMode(), meshes_outside_fake_mode(), \
             ring_attention_on_cpu():
-        built = configure_model(build_model(model, param_dtype(spec)), knobs)
+        built = configure_model(build_model(model, param_dtype(spec), knobs.parallel.ep), knobs)
         as_on_a_gpu(built)
         net = apply_layout(built, knobs, spec, mesh)
         optimizer = make_optimizer(net, training)
@@ -223,7 +223,7 @@ def _rank_report(plan: PlanResult, dev: torch.device, steps: int, profile: Hardw
     spec = precision_spec(knobs.precision)
     torch.manual_seed(1234 + rank)
     with torch.device(dev):
-        net = configure_model(build_model(model, param_dtype(spec)), knobs)
+        net = configure_model(build_model(model, param_dtype(spec), knobs.parallel.ep), knobs)
     cp_mesh = None
     if knobs.parallel.shards_parameters or knobs.parallel.tp > 1:
         mesh = device_mesh(dev.type, knobs.parallel)

@@ -16,6 +16,7 @@ from planner.knobs import Knobs
 from planner.parallel_dims import ParallelDims
 from planner.precision import PrecisionSpec
 from validate.apply import shard_model
+from validate.moe_model import MoE
 from validate.parallelize import apply_tensor_parallel
 from validate.reference_model import Transformer
 
@@ -28,6 +29,9 @@ def device_mesh(device_type: str, dims: ParallelDims) -> Any:
 
     if dims.cp > 1:
         return init_device_mesh(device_type, (dims.data_parallel, dims.cp, dims.tp), mesh_dim_names=("dp", "cp", "tp"))
+    if dims.ep > 1:  # torchtitan's split of the FSDP ranks: ep consecutive ranks, dp_mod_ep across them
+        return init_device_mesh(device_type, (dims.data_parallel // dims.ep, dims.ep),
+                                mesh_dim_names=("dp_mod_ep", "ep"))
     if dims.tp == 1:
         return init_device_mesh(device_type, (dims.data_parallel,))
     return init_device_mesh(device_type, (dims.data_parallel, dims.tp), mesh_dim_names=("dp", "tp"))
@@ -44,6 +48,8 @@ def _sharding_mesh(mesh: Any, dims: ParallelDims) -> Any:
     holds one model replica, sharded)."""
     if dims.cp > 1:
         return mesh["dp", "cp"]._flatten("dp_cp")
+    if dims.ep > 1:
+        return mesh["dp_mod_ep", "ep"]._flatten("dp")
     return mesh["dp"] if dims.tp > 1 else mesh
 
 
@@ -54,6 +60,13 @@ def apply_layout(model: Transformer, knobs: Knobs, spec: PrecisionSpec, mesh: An
     dims = knobs.parallel
     if dims.tp > 1:
         apply_tensor_parallel(model, knobs, mesh["tp"])
+    experts_mesh = None
+    if dims.ep > 1:  # the model was built with E/ep experts per MoE block (build_model(..., ep))
+        group = mesh["ep"].get_group()
+        for block in model.blocks:
+            if isinstance(block.mlp, MoE):
+                block.mlp.ep_group = group
+        experts_mesh = mesh["dp_mod_ep"]
     if dims.shards_parameters:
-        return shard_model(model, knobs, spec, _sharding_mesh(mesh, dims))
+        return shard_model(model, knobs, spec, _sharding_mesh(mesh, dims), experts_mesh)
     return model

@@ -17,6 +17,8 @@ token, optionally times ``sigmoid(shared_gate(x))``) are added last.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -82,14 +84,20 @@ class SharedExpert(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts (+ shared experts) in place of a block's MLP; input and output (B, T, D)."""
+    """Routed experts (+ shared experts) in place of a block's MLP; input and output (B, T, D).
 
-    def __init__(self, moe: MoeConfig, d_model: int) -> None:
+    Under expert parallelism (``ep`` > 1) this rank holds E/ep experts, and the expert rows go
+    to their experts' ranks and back by ``all_to_all_single`` over ``ep_group`` (set by
+    ``validate.layout``), regrouped by expert around them (torchtitan's expert parallelism)."""
+
+    def __init__(self, moe: MoeConfig, d_model: int, ep: int = 1) -> None:
         super().__init__()
         if moe.expert_bias:
             raise ConfigError("moe.expert_bias: the reference experts have no biases")
         self.moe = moe
-        self.experts = Experts(moe, d_model)
+        self.ep = ep
+        self.ep_group: Any = None  # a ProcessGroup, set by validate.layout
+        self.experts = Experts(moe.model_copy(update={"n_experts": moe.n_experts // ep}), d_model)
         self.router = nn.Linear(d_model, moe.n_experts, bias=moe.router_bias)
         self.shared_expert = SharedExpert(d_model, moe.shared_d_ff) if moe.shared_d_ff else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if moe.shared_gate else None
@@ -140,10 +148,31 @@ class MoE(nn.Module):
         return torch.zeros(shape[0] * shape[1], d, dtype=out.dtype, device=out.device).index_add_(
             0, tokens, out.view(-1, d) * weights.to(out.dtype).unsqueeze(1)).view(shape)
 
+    def away(self, rows: torch.Tensor) -> torch.Tensor:
+        """Expert parallelism: the (E, C, D) rows to their experts' ranks, received as (ep, E/ep,
+        C, D) by source rank, regrouped (E/ep, ep C, D) by local expert."""
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        e, c, d = rows.shape
+        received = all_to_all_single_autograd(rows.reshape(e * c, d), None, None, self.ep_group)
+        return received.view(self.ep, e // self.ep, c, d).transpose(0, 1).reshape(e // self.ep, self.ep * c, d)
+
+    def home(self, out: torch.Tensor) -> torch.Tensor:
+        """The experts' (E/ep, ep C, D) output back by source rank, and home: (E C, D)."""
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        local, rows, d = out.shape
+        back = out.view(local, self.ep, rows // self.ep, d).transpose(0, 1).reshape(-1, d)
+        return all_to_all_single_autograd(back, None, None, self.ep_group)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # one expression: only ``x`` and ``tokens`` (saved by dispatch and combine) are locals
         tokens = self.slots(x.shape[0] * x.shape[1], x.device)
-        y = self.combine(self.experts(self.dispatch(x, tokens)), self.route(self.router(x)), tokens, x.shape)
+        if self.ep > 1:
+            out = self.home(self.experts(self.away(self.dispatch(x, tokens))))
+            y = self.combine(out, self.route(self.router(x)), tokens, x.shape)
+        else:
+            y = self.combine(self.experts(self.dispatch(x, tokens)), self.route(self.router(x)), tokens, x.shape)
         if self.shared_expert is None:
             return y
         if self.shared_gate is None:

@@ -188,14 +188,14 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-norm block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
 
-    def __init__(self, config: ModelConfig, index: int = 0) -> None:
+    def __init__(self, config: ModelConfig, index: int = 0, ep: int = 1) -> None:
         super().__init__()
         self.attn_norm = make_norm(config)
         self.attn = Attention(config)
         self.attn_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.mlp_norm = make_norm(config)
         sparse = config.moe is not None and config.moe.is_sparse(index)
-        self.mlp: nn.Module = MoE(config.moe, config.d_model) if sparse and config.moe else Mlp(config)
+        self.mlp: nn.Module = MoE(config.moe, config.d_model, ep) if sparse and config.moe else Mlp(config)
         self.mlp_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
 
     def forward(
@@ -221,14 +221,14 @@ def _init_weights(module: nn.Module) -> None:
 class Transformer(nn.Module):
     """Decoder-only LM: embed (+ learned positions), L blocks, final norm, LM head, loss."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ep: int = 1) -> None:
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         learned = config.positions is PositionKind.LEARNED
         self.pos_embed = nn.Embedding(config.position_rows, config.d_model) if learned else None
         self.embed_dropout = Dropout(config.dropout) if config.dropout > 0 else None
-        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, i, ep) for i in range(config.n_layers))
         self.final_norm = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -316,8 +316,9 @@ class Transformer(nn.Module):
         return sum(aux_losses, loss)  # the MoE blocks' load-balancing losses, if any
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype | None = None) -> Transformer:
-    """The reference ``torch.nn.Module`` for ``config``, parameters created in ``dtype``.
+def build_model(config: ModelConfig, dtype: torch.dtype | None = None, ep: int = 1) -> Transformer:
+    """The reference ``torch.nn.Module`` for ``config``, parameters created in ``dtype`` (with
+    ``ep`` > 1: one expert-parallel rank's, holding E/ep experts of each MoE block).
 
     Parameters are created directly in ``dtype`` (not converted afterwards with ``.to``), which
     also works under ``FakeTensorMode`` where conversion cannot swap fake parameters.
@@ -326,6 +327,6 @@ def build_model(config: ModelConfig, dtype: torch.dtype | None = None) -> Transf
     if dtype is not None:
         torch.set_default_dtype(dtype)
     try:
-        return Transformer(config)
+        return Transformer(config, ep)
     finally:
         torch.set_default_dtype(previous)

@@ -50,6 +50,9 @@ class OpKind(StrEnum):
     MOE_ROUTE = "moe_route"  # fp32 softmax of the router logits, the chosen weights in row order
     MOE_COMBINE = "moe_combine"  # each row times its weight, index_add into its token
     GATE_SCALE = "gate_scale"  # x * sigmoid(g) with g one value per token (Qwen2-MoE's shared expert gate)
+    # expert parallelism (planner.strategies.expert)
+    ALL_TO_ALL = "all_to_all"  # expert rows exchanged with the expert-parallel group
+    PERMUTE_ROWS = "permute_rows"  # received rows regrouped by expert (or back by source rank): a copy
 
 
 class OpVariant(StrEnum):
@@ -104,6 +107,7 @@ class ParamTensor(BaseModel):
     rows: int = 0  # 0: a 1-D tensor whose rows are its elements
     grad_numel: int = 0  # 0: the gradient has the parameter's shape (a vocabulary-parallel embedding's is whole)
     shard_dim: int = 0  # the dim FSDP2 shards (``rows`` is its size); not 0: copies at all-gather and reduce-scatter
+    expert_parallel: bool = False  # this rank's experts under expert parallelism: FSDP2 shards them over dp_shard / ep
 
     @property
     def dim0(self) -> int:
@@ -143,6 +147,7 @@ class MeshDim(StrEnum):
 
     TP = "tp"  # tensor (and sequence) parallelism
     CP = "cp"  # context parallelism
+    EP = "ep"  # expert parallelism
 
 
 class CollectiveCall(BaseModel):

@@ -160,3 +160,18 @@ def gate_scale_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         bwd_bytes_moved=4 * x.n_bytes + 4 * gate.n_bytes,
         fwd_kernels=2, bwd_kernels=4,
     )
+
+
+@register(OpKind.PERMUTE_ROWS)
+def permute_rows_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """Expert parallelism's regrouping of exchanged rows: (g, E/g, C, D) by source rank into
+    (E/g, g C, D) by local expert, or back (``transpose(0, 1).reshape``: a copy). Saves nothing;
+    its backward is a transposed view of the gradient (no copy)."""
+    x = ctx.inputs[0]
+    return LayerCost(
+        output=TensorInfo(numel=x.numel, dtype=x.dtype),
+        grad_aliases_inputs=(True,),
+        fwd_bytes_moved=2 * x.n_bytes,
+        fwd_kernels=1,
+        bwd_kernels=0,
+    )

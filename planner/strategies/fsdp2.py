@@ -76,9 +76,10 @@ class Fsdp2(SingleDevice):
         """FSDP2 units of ``graph`` (built in ``compute_spec``'s precision); shards keep the policy's
         parameter dtype (fp32 for bf16-mixed)."""
         stored = precision_spec(knobs.precision).param_dtype
-        ranks = knobs.parallel.fsdp_ranks
-        return _LAYOUTS.get((graph, hw), (ranks, self.stage, stored, knobs.fsdp_grad_sync),
-                            lambda: fsdp_layout(graph, ranks, self.stage, stored, hw.round_alloc, knobs.fsdp_grad_sync))
+        ranks, experts = knobs.parallel.fsdp_ranks, knobs.parallel.expert_shard_ranks
+        return _LAYOUTS.get((graph, hw), (ranks, self.stage, stored, knobs.fsdp_grad_sync, experts),
+                            lambda: fsdp_layout(graph, ranks, self.stage, stored, hw.round_alloc, knobs.fsdp_grad_sync,
+                                                experts))
 
     def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
                base: StaticMemory) -> StaticMemory:
