@@ -145,6 +145,7 @@ def plan(
     cp: int | None = None,
     checkpoint_policy: str | CheckpointPolicy | None = None,
     save_list: str | SaveList | None = None,
+    ep: int | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
@@ -152,7 +153,8 @@ def plan(
     with sequence parallelism unless ``sequence_parallel`` is False), ``cp`` such groups sharing
     each sequence (context parallelism: ring attention; searched when None), data parallel over
     those at ``zero_stage`` (under context parallelism FSDP2 shards over the data- and
-    context-parallel ranks). ``fsdp_grad_sync`` ("every" or "last") is how ZeRO-2/3 plans
+    context-parallel ranks); on a model with MoE blocks ``ep`` of FSDP2's data-parallel ranks
+    split each block's experts (expert parallelism, all-to-all; searched when None). ``fsdp_grad_sync`` ("every" or "last") is how ZeRO-2/3 plans
     accumulate gradients; it is fixed, not searched.
 
     ``checkpoint`` is ``"none"``, ``"all"``, ``"0,2,5-9"`` or a list of block indices, checkpointed
@@ -173,11 +175,13 @@ def plan(
     parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=max(gpus_per_node, 1))
     grad_sync = _grad_sync(fsdp_grad_sync, gpus, zero_stage)
     if gpus == 1:
-        for flag, degree in (("--tp", tp), ("--cp", cp)):
+        for flag, degree in (("--tp", tp), ("--cp", cp), ("--ep", ep)):
             if degree is not None and degree != 1:
                 raise ConfigError(f"{flag}: {degree} needs several GPUs; give --gpus (a multiple of {degree}) or leave "
                                   f"{flag} out")
-        tp = cp = 1
+        tp = cp = ep = 1
+    if ep is None and model.moe is None:
+        ep = 1
     if save_list is not None and ckpt_policy not in (None, CheckpointPolicy.OPS):
         raise ConfigError(f"--save-list: applies to --checkpoint-policy ops (per-op selective checkpointing), not "
                           f"{ckpt_policy.value}; leave it out or use --checkpoint-policy ops")
@@ -185,9 +189,12 @@ def plan(
         raise ConfigError(f"--cp: context parallelism runs with FSDP2 over the data- and context-parallel ranks; "
                           f"--zero-stage {zero_stage} is DDP or ZeRO-1: use --zero-stage 2 or 3, or leave it out")
     if (micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None
-            and (gpus == 1 or (zero_stage is not None and tp is not None and cp is not None))):
+            and (gpus == 1 or (zero_stage is not None and tp is not None and cp is not None and ep is not None))):
         zero_stages(training, gpus, gpus_per_node, zero_stage)
-        assert tp is not None and cp is not None
+        assert tp is not None and cp is not None and ep is not None
+        from search.space import expert_degrees
+
+        expert_degrees(model, gpus, ep)
         for flag, degree in (("--tp", tp), ("--cp", cp)):
             if degree <= 0 or gpus % degree:
                 raise ConfigError(f"{flag}: {degree} must be a positive divisor of the {gpus} GPUs (--gpus)")
@@ -198,12 +205,13 @@ def plan(
             raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_rank} "
                               "sequences each data-parallel rank gets per step")
         try:
-            layout = ParallelDims.data_parallel_of(gpus, zero_stage or 0, tp=tp, sp=sequence_parallel and tp > 1, cp=cp)
+            layout = ParallelDims.data_parallel_of(gpus, zero_stage or 0, tp=tp, sp=sequence_parallel and tp > 1, cp=cp,
+                                                   ep=ep)
         except ValidationError as error:
-            raise ConfigError(f"--zero-stage / --tp / --cp: {error.errors()[0]['msg'].removeprefix('Value error, ')}"
-                              ) from None
+            raise ConfigError(f"--zero-stage / --tp / --cp / --ep: "
+                              f"{error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
         except ValueError as error:
-            raise ConfigError(f"--zero-stage / --tp / --cp: {error}") from None
+            raise ConfigError(f"--zero-stage / --tp / --cp / --ep: {error}") from None
         knobs = Knobs(
             micro_batch_size=micro_batch_size,
             grad_accum_steps=per_rank // micro_batch_size,
@@ -221,7 +229,7 @@ def plan(
 
     space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, gpus_per_node,
                         zero_stage, grad_sync, tensor_parallel=tp, sequence_parallel=sequence_parallel,
-                        context_parallel=cp, checkpoint_policy=ckpt_policy, save_list=saved)
+                        context_parallel=cp, checkpoint_policy=ckpt_policy, save_list=saved, expert_parallel=ep)
     if sampler not in {k.value for k in SamplerKind}:
         raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {', '.join(k.value for k in SamplerKind)}")
     try:
@@ -272,6 +280,7 @@ def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, c
     dims = knobs.parallel
     tp = f" --tp {dims.tp}" if dims.tp > 1 else ""
     cp = f" --cp {dims.cp}" if dims.cp > 1 else ""
+    cp += f" --ep {dims.ep}" if dims.ep > 1 else ""
     policy = f" --checkpoint-policy {checkpoint_policy.value}" if checkpoint_policy is not None else ""
     return (f"it fits on {n} GPUs as {layout_label(dims)} ({knobs.precision.value}, micro-batch "
             f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}{tp}{cp}{policy}{flag}")

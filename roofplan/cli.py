@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context-parallel degree (torch's context_parallel: each sequence split over N GPUs, ring "
                         "attention, FSDP2 over the data- and context-parallel ranks); searched if omitted over "
                         "degrees that leave each GPU at least 4096 tokens of a sequence")
+    p.add_argument("--ep", type=int, default=None,
+                   help="expert-parallel degree on a mixture-of-experts model (torchtitan's: each MoE block's "
+                        "experts split over N of FSDP2's data-parallel ranks, routed tokens exchanged by all-to-all); "
+                        "searched if omitted over degrees dividing the experts and the data-parallel ranks")
     p.add_argument("--no-sequence-parallel", action="store_true",
                    help="tensor parallelism without sequence parallelism (norms, dropout and residuals on every "
                         "rank whole; all-reduces instead of all-gathers and reduce-scatters)")
@@ -167,6 +171,7 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             fsdp_grad_sync=args.fsdp_grad_sync,
             tp=args.tp,
             cp=args.cp,
+            ep=args.ep,
             checkpoint_policy=args.checkpoint_policy,
             save_list=args.save_list,
             sequence_parallel=not args.no_sequence_parallel,

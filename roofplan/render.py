@@ -17,6 +17,7 @@ from planner.parallel_dims import layout_label
 from planner.precision import precision_spec
 from planner.strategies import strategy_for
 from planner.strategies.context import describe_context_parallel, local_seq_len
+from planner.strategies.expert import describe_expert_parallel
 from planner.strategies.tensor import describe_tensor_parallel, rank_parameters
 from roofplan.time_sources import time_sources
 
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
     from planner.results import PlanResult
 
 
-NOT_MODELLED = ("not modelled yet: pipeline and expert parallelism, HSDP, CPU offload (modelled: data parallelism "
-                "with DDP, ZeRO-1 or FSDP2, tensor, sequence and context parallelism)")
+NOT_MODELLED = ("not modelled yet: pipeline parallelism, HSDP, CPU offload (modelled: data parallelism with DDP, "
+                "ZeRO-1 or FSDP2, tensor, sequence, context and expert parallelism)")
 
 
 def zero_label(knobs: Knobs) -> str:
@@ -148,6 +149,8 @@ def knobs_table(result: PlanResult) -> Table:
         table.add_row("context parallel", describe_context_parallel(dims, t.seq_len))
     if dims.tp > 1:
         table.add_row("tensor parallel", describe_tensor_parallel(result.model.config, dims))
+    if dims.ep > 1:
+        table.add_row("expert parallel", describe_expert_parallel(dims, result.model.config))
     return table
 
 
@@ -233,6 +236,10 @@ def time_table(result: PlanResult) -> Table:
         table.add_row("context-parallel collectives", "the ring's key/value all-gathers and dk/dv passes beyond the "
                       "attention blocks they overlap, inside forward/backward (NCCL's model)",
                       _seconds(tb.context_parallel_s))
+    if k.parallel.ep > 1:
+        table.add_row("expert-parallel all-to-alls", "routed rows to their experts' GPUs and back, forward and "
+                      "backward, on the critical path (links' bandwidth: no published all-to-all curve)",
+                      _seconds(tb.expert_parallel_s))
     if k.parallel.fsdp_ranks > 1:
         table.add_row("data-parallel collectives", "what they add beyond the compute they overlap (NCCL's model, "
                       "compute slowed while overlapped)", _seconds(tb.communication_s))

@@ -38,8 +38,9 @@ _IDENTITY_KEY = "roofplan_study"
 TRIAL_TAG = "study_identity"
 # 2: the space gained context parallelism, checkpoint policies and the (tp, cp) layouts; the model
 # its implementation and attention variants; 3: a point's plans may mix two checkpoint policies
-# across blocks (a trial's value can be lower than version 2's)
-_IDENTITY_VERSION = 3
+# across blocks (a trial's value can be lower than version 2's); 4: expert parallelism (the ep
+# dimension, all-to-all times, MoE experts as their own FSDP2 units)
+_IDENTITY_VERSION = 4
 _DOC_FIELDS = frozenset({"description", "sources", "time_validation", "figure_sources"})  # text, not figures
 _LAYOUT_FIELDS = ("world_size", "gpus_per_node", "fsdp_grad_sync")
 _LABELS = frozenset({"model.name"})  # shown, never compared: a label does not change a trial's value

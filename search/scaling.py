@@ -62,7 +62,8 @@ def fewest_gpus(
                 space = build_space(model, training, hw, precisions, allow_segments=allow_segments, gpus=gpus,
                                     gpus_per_node=gpus_per_node, zero_stage=stage,
                                     fsdp_grad_sync=fsdp_grad_sync if fsdp else GradSync.EVERY, tensor_parallel=tp,
-                                    context_parallel=cp, checkpoint_policy=checkpoint_policy, save_list=save_list)
+                                    context_parallel=cp, checkpoint_policy=checkpoint_policy, save_list=save_list,
+                                    expert_parallel=None)
             except ConfigError:  # no policy of the request runs at this layout
                 continue
             found = first_fitting(model, training, hw, space, cap_bytes)

@@ -41,6 +41,7 @@ PRECISION = "precision"
 ZERO_STAGE = "zero_stage"
 TP = "tp"
 CP = "cp"
+EP = "ep"
 Choice = int | str | bool
 Point = dict[str, Choice]
 
@@ -95,6 +96,10 @@ class SearchSpace(BaseModel):
     def context_parallel(self) -> tuple[int, ...]:
         return tuple(int(c) for c in self.dimensions.get(CP, (1,)))
 
+    @property
+    def expert_parallel(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.dimensions.get(EP, (1,)))
+
     def key(self, point: Mapping[str, Any]) -> tuple[Choice, ...]:
         """A point as a hashable tuple, in dimension order."""
         return tuple(point[name] for name in self.names)
@@ -106,21 +111,24 @@ class SearchSpace(BaseModel):
     # --- which points are plans -----------------------------------------------------------
     def layout(self, point: Mapping[str, Any]) -> ParallelDims:
         """The parallel layout of a point (groups of tp ranks, cp groups to a context-parallel
-        group, data parallel over those)."""
+        group, data parallel over those, ep of the FSDP2 ranks to an expert-parallel group)."""
         tp, cp = int(point.get(TP, 1)), int(point.get(CP, 1))
         return ParallelDims.data_parallel_of(self.world_size, int(point[ZERO_STAGE]), tp=tp,
-                                             sp=self.sequence_parallel and tp > 1, cp=cp)
+                                             sp=self.sequence_parallel and tp > 1, cp=cp, ep=int(point.get(EP, 1)))
 
     def allows(self, point: Mapping[str, Any]) -> bool:
         """Whether a point is a plan: its layout exists (a ZeRO stage needs several ranks to shard
         over; tensor parallelism shares the data-parallel ranks through FSDP2, context parallelism
-        always runs under FSDP2), its precision runs under its strategy and its micro-batch divides
+        always runs under FSDP2, expert parallelism splits FSDP2's data-parallel ranks without
+        context parallelism), its precision runs under its strategy and its micro-batch divides
         each data-parallel rank's sequences."""
         tp, cp, stage = int(point.get(TP, 1)), int(point.get(CP, 1)), int(point[ZERO_STAGE])
         if (tp, cp) not in self.layouts:
             return False
-        data = self.world_size // (tp * cp)
+        data, ep = self.world_size // (tp * cp), int(point.get(EP, 1))
         if (data * cp == 1 and stage) or (tp > 1 and data > 1 and stage < 2) or (cp > 1 and stage < 2):
+            return False
+        if ep > 1 and (stage < 2 or cp > 1 or data % ep):
             return False
         layout = self.layout(point)
         if not strategy_for(layout).runs(PrecisionPolicy(point[PRECISION])):
@@ -156,7 +164,7 @@ class SearchSpace(BaseModel):
             options = [p for p in self.points() if p[PRECISION] == precision]
             if options:
                 out.append(min(options, key=lambda p: (int(p[MICRO_BATCH]), -int(p[ZERO_STAGE]), -int(p.get(TP, 1)),
-                                                       -int(p.get(CP, 1)))))
+                                                       -int(p.get(CP, 1)), -int(p.get(EP, 1)))))
         return out
 
     def neighbours(self, point: Mapping[str, Any]) -> list[Point]:
@@ -219,6 +227,25 @@ def layout_refusal(model: ModelConfig, seq_len: int, tp: int, cp: int, sequence_
     except ConfigError as error:
         return str(error)
     return None
+
+
+def expert_degrees(model: ModelConfig, gpus: int, fixed: int | None) -> tuple[int, ...]:
+    """The expert-parallel degrees a request allows: ``--ep`` if given (checked against the model
+    and the GPUs, the error naming the flag), else every degree dividing both the GPUs and the
+    experts of a model with MoE blocks (1 for a dense model); ``SearchSpace.allows`` keeps those
+    that divide a point's data-parallel ranks under FSDP2."""
+    if fixed is not None:
+        if fixed <= 0 or gpus % fixed:
+            raise ConfigError(f"--ep: {fixed} must be a positive divisor of the {gpus} GPUs (--gpus)")
+        if fixed > 1 and model.moe is None:
+            raise ConfigError(f"--ep: {model.name} has no mixture-of-experts blocks to split; leave --ep out")
+        if fixed > 1 and model.moe is not None and model.moe.n_experts % fixed:
+            raise ConfigError(f"--ep: {fixed} does not divide the {model.moe.n_experts} experts of {model.name}; use a "
+                              "divisor of them")
+        return (fixed,)
+    if model.moe is None:
+        return (1,)
+    return tuple(ep for ep in divisors(gpus) if model.moe.n_experts % ep == 0)
 
 
 def context_degrees(seq_len: int, candidates: Iterable[int]) -> tuple[int, ...]:
@@ -284,11 +311,13 @@ def build_space(
     context_parallel: int | None = 1,
     checkpoint_policy: CheckpointPolicy | None = None,
     save_list: SaveList = TORCHTITAN_SAVE_LIST,
+    expert_parallel: int | None = 1,
 ) -> SearchSpace:
-    """The space: the layout (ZeRO stage, tensor- and context-parallel degrees on several GPUs),
+    """The space: the layout (ZeRO stage, tensor-, context- and expert-parallel degrees on several GPUs),
     micro-batches that divide each data-parallel rank's share of the global batch (accumulation
-    derived), the precisions the device runs; a knob given is fixed (``tensor_parallel`` or
-    ``context_parallel`` None: searched)."""
+    derived), the precisions the device runs; a knob given is fixed (``tensor_parallel``,
+    ``context_parallel`` or ``expert_parallel`` None: searched; expert parallelism only on a model
+    with MoE blocks, over degrees that divide its experts)."""
     stages = zero_stages(training, gpus, gpus_per_node, zero_stage)
     if checkpoint_policy is CheckpointPolicy.OPS and context_parallel != 1:
         if context_parallel is not None:
@@ -297,6 +326,7 @@ def build_space(
     rebuilt = (checkpoint_policy,) if checkpoint_policy is not None else default_checkpoint_policies(model)
     layouts = layout_degrees(model, training, gpus, gpus_per_node, tensor_parallel, context_parallel, sequence_parallel)
     tps, cps = tuple(sorted({tp for tp, _ in layouts})), tuple(sorted({cp for _, cp in layouts}))
+    eps = expert_degrees(model, gpus, expert_parallel)
     shares = {training.global_batch_size * tp * cp // gpus for tp, cp in layouts}  # sequences per data-parallel rank
     if micro_batch_size is not None:
         if micro_batch_size <= 0 or not any(share % micro_batch_size == 0 for share in shares):
@@ -328,6 +358,8 @@ def build_space(
             dimensions[TP] = tps
             if cps != (1,):
                 dimensions[CP] = cps
+            if eps != (1,):
+                dimensions[EP] = eps
         return SearchSpace(dimensions=dimensions, world_size=gpus, global_batch_size=training.global_batch_size,
                            gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks,
                            allow_segments=allow_segments, fsdp_grad_sync=fsdp_grad_sync,
@@ -335,6 +367,10 @@ def build_space(
                            layouts=layouts)
 
     space = space_of(chosen)
+    if expert_parallel is not None and expert_parallel > 1 and not any(True for _ in space_of(tuple(PrecisionPolicy))
+                                                                      .points()):
+        raise ConfigError(f"--ep: expert parallelism splits FSDP2's data-parallel ranks: {expert_parallel} must divide "
+                          f"them (--gpus / (--tp x --cp)) with --zero-stage 2 or 3 and no --cp; change --ep or those")
     runnable = tuple(p for p in chosen if any(point[PRECISION] == p.value for point in space.points()))
     if not runnable:
         stage_tps = sorted({(int(point[ZERO_STAGE]), int(point.get(TP, 1)))
@@ -350,5 +386,5 @@ def build_space(
     return space_of(runnable)
 
 
-__all__ = ["CP", "MICRO_BATCH", "MODELLED_STAGES", "PRECISION", "TP", "ZERO_STAGE", "Point", "SearchSpace",
-           "build_space", "context_degrees", "divisors", "layout_degrees", "layout_refusal"]
+__all__ = ["CP", "EP", "MICRO_BATCH", "MODELLED_STAGES", "PRECISION", "TP", "ZERO_STAGE", "Point", "SearchSpace",
+           "build_space", "context_degrees", "divisors", "expert_degrees", "layout_degrees", "layout_refusal"]
