@@ -235,6 +235,7 @@ class _FsdpHooks(WalkHooks):
         self.held_reduce = 0  # the previous unit's reduce-scatter input
         self.prefetched: dict[str, int] = {}  # unit -> its all-gather output, gathered ahead
         self.copied: set[str] = set()  # nested units a checkpoint's recompute copied out this backward
+        self.recompute_gather: dict[str, int] = {}  # their gather output, kept until their post-forward
 
     @property
     def held_params(self) -> frozenset[str]:
@@ -282,9 +283,11 @@ class _FsdpHooks(WalkHooks):
         if held:  # the kept gradients are the reduce-scatter's input, freed like autograd's
             live.add(_GRADS, -held)
             last = unit.last_accumulated_bytes if self.layout.upcasts_grads else unit.last_grad_bytes
+        # the copies die with foreach_reduce's list (cleared after the copy-in), before the
+        # output is allocated; the last original gradient is still referenced then
+        live.add(_TEMPORARIES, -unit.reordered_grad_bytes)
         live.add(_GRADS, last + unit.sharded_grad_bytes)
         live.observe(Phase.BACKWARD, op, event=f"reduce-scatter output {unit.name}")
-        live.add(_TEMPORARIES, -unit.reordered_grad_bytes)
         live.add(_GRADS, -last)
         if unit.name in self.reduced:  # added into the existing sharded gradient
             live.add(_GRADS, -unit.sharded_grad_bytes)
@@ -345,14 +348,26 @@ class _FsdpHooks(WalkHooks):
 
     def before_recompute(self, walk: Walk, op: int) -> None:
         """A checkpoint's recompute runs a nested unit's forward before its pre-backward (its
-        output's gradient comes later): FSDP2's pre-forward copies the prefetched gather out then."""
+        output's gradient comes later): FSDP2's pre-forward copies the prefetched gather out then,
+        in the FORWARD state, so the gather output is kept (``comm_ctx.all_gather_state``) until
+        that forward's root post-forward (torch 2.13 ``FSDPParamGroup.wait_for_unshard``,
+        ``FSDPState._post_forward``: the unit is its own forward root during a recompute)."""
         if not self.stage3:
             return
         for unit in self.entry.get(op, ()):
-            if unit.nested and unit.name not in self.copied and unit.name in self.prefetched:
-                self._copy_out(walk.live, unit, Phase.RECOMPUTE, self.names[op])
-                walk.live.add(_TEMPORARIES, -self.prefetched.pop(unit.name))
+            if unit.nested and unit.name not in self.copied:
+                live = walk.live
+                gathered = self.prefetched.pop(unit.name, None)
+                if gathered is None:
+                    gathered = self._all_gather(live, unit, Phase.RECOMPUTE, self.names[op])
+                self._copy_out(live, unit, Phase.RECOMPUTE, self.names[op])
+                self.recompute_gather[unit.name] = gathered
                 self.copied.add(unit.name)
+
+    def after_recompute(self, walk: Walk, op: int) -> None:
+        """The nested unit's post-forward in a recompute frees the gather output it kept."""
+        for unit in self.exit.get(op, ()):
+            walk.live.add(_TEMPORARIES, -self.recompute_gather.pop(unit.name, 0))
 
     def before_backward(self, walk: Walk, op: int) -> None:
         if not self.stage3:

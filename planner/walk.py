@@ -108,6 +108,7 @@ class WalkHooks:
     def forward_end(self, walk: Walk) -> None: ...
     def backward_start(self, walk: Walk) -> None: ...
     def before_recompute(self, walk: Walk, op: int) -> None: ...
+    def after_recompute(self, walk: Walk, op: int) -> None: ...
     def before_backward(self, walk: Walk, op: int) -> None: ...
     def after_backward(self, walk: Walk, op: int) -> None: ...
     def backward_end(self, walk: Walk) -> None: ...
@@ -220,6 +221,7 @@ class Walk:
                     self.copies_alive[i] = True
                 self._hold_for_backward(i, unit)
                 self._end_uses(i, pending)
+                self.hooks.after_recompute(self, i)
                 continue
             live.add(cat, p.out_bytes[i])
             self.alive[i] = True
@@ -246,6 +248,8 @@ class Walk:
                 self.recomputed.append(i)
             self._end_uses(i, pending)
             hooks.after_forward(self, i)
+            if recompute:
+                self.hooks.after_recompute(self, i)
 
     def _end_uses(self, i: int, pending: dict[int, int]) -> None:
         """Op i ran: the tensors it was the last forward user of die unless something holds them."""

@@ -139,15 +139,18 @@ EP_MODEL = MIXTRAL.model_copy(update={"moe": MIXTRAL.moe.model_copy(update={"n_e
 @pytest.mark.parametrize(("gpus", "ep", "stage", "precision", "blocks", "within"), [
     (2, 2, 3, "fp32", (), 0.005), (4, 2, 3, "bf16-mixed", (), 0.005), (4, 4, 3, "fp32", (0,), 0.005),
     (4, 4, 2, "bf16-mixed", (), 0.005), (8, 4, 3, "bf16-mixed", (0, 1), 0.005),
-    # a checkpointed block's experts recomputed between FSDP2 units: measured -1.7% / +1.7% / -1.2%
-    (4, 2, 3, "bf16-mixed", (0,), 0.02), (4, 2, 3, "bf16-mixed", (1,), 0.02), (4, 2, 2, "bf16-mixed", (0, 1), 0.02),
+    # a checkpointed block's experts recomputed between FSDP2 units (the recompute keeps their
+    # gather output until its post-forward; the reduce-scatter's copies die before its output):
+    # measured +0.12% / -0.29% / +0.12%
+    (4, 2, 3, "bf16-mixed", (0,), 0.005), (4, 2, 3, "bf16-mixed", (1,), 0.005),
+    (4, 2, 2, "bf16-mixed", (0, 1), 0.005),
 ])
 def test_expert_parallelism_on_a_fake_process_group(gpus: int, ep: int, stage: int, precision: str,
                                                     blocks: tuple[int, ...], within: float) -> None:
     """Expert parallelism for real on rank 0 of a fake process group: E/ep experts per rank, the
     rows exchanged by all_to_all_single, the experts their own FSDP2 unit over dp_shard / ep ranks
     (one rank when ep = dp_shard: FSDP2 then gathers nothing). The planner's per-rank peak within
-    0.5% (checkpointed blocks' recompute under ZeRO-2/3: 2%)."""
+    0.5%, checkpointed blocks included."""
     pytest.importorskip("torch")
     from roofplan import api
     from validate.api import validate
