@@ -184,22 +184,23 @@ def moe_block_ops(model: ModelConfig, b: int, normed: str) -> tuple[list[OpDesc]
         ops.append(op)
         return op.name
 
-    def grouped(name: str, x: str, fan_in: int, fan_out: int) -> str:
+    def grouped(name: str, x: str, fan_in: int, fan_out: int, tp: TpRole) -> str:
         return add(OpDesc(name=f"{p}.experts.{name}", kind=OpKind.GROUPED_LINEAR, inputs=(x,), block=b,
                           # FSDP2 shards the (E, in, out) weights along dim 1 (validate.apply's
                           # shard_placement_fn; torchtitan too when the shard degree exceeds E)
                           params=(ParamTensor(name=f"{p}.experts.{name}.weight", numel=e * fan_in * fan_out,
                                               rows=fan_in, shard_dim=1),),
-                          fields=(("in_features", fan_in), ("moe", moe), ("out_features", fan_out))))
+                          fields=(("in_features", fan_in), ("moe", moe), ("out_features", fan_out)), tp=tp))
 
     slots = add(OpDesc(name=f"{p}.slots", kind=OpKind.MOE_SLOTS, block=b, fields=(("moe", moe),)))
     rows = add(OpDesc(name=f"{p}.dispatch", kind=OpKind.MOE_DISPATCH, inputs=(normed, slots), block=b,
                       fields=(("in_features", d),)))
-    gate = grouped("gate_proj", rows, d, i)
+    # tensor parallelism splits every expert's inner size I (torchtitan's TensorParallel of GroupedExperts)
+    gate = grouped("gate_proj", rows, d, i, TpRole.COLWISE)
     act = add(_simple(f"{p}.experts.act", OpKind.SILU, b, gate, tp=TpRole.LOCAL))
-    up = grouped("up_proj", rows, d, i)
+    up = grouped("up_proj", rows, d, i, TpRole.COLWISE)
     hidden = add(_simple(f"{p}.experts.glu", OpKind.GLU_MUL, b, act, up, tp=TpRole.LOCAL))
-    out = grouped("down_proj", hidden, i, d)
+    out = grouped("down_proj", hidden, i, d, TpRole.ROWWISE)
     logits = add(_linear(f"{p}.router", b, normed, d, e, moe.router_bias, TpRole.REPLICATE))
     weights = add(OpDesc(name=f"{p}.route", kind=OpKind.MOE_ROUTE, inputs=(logits,), block=b, fields=(("moe", moe),)))
     y = add(OpDesc(name=f"{p}.combine", kind=OpKind.MOE_COMBINE, inputs=(out, weights, slots), block=b,

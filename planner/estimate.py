@@ -25,6 +25,7 @@ from planner.fsdp import FsdpLayout
 from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
+from planner.ops.base import OpVariant
 from planner.optimizer import optimizer_spec
 from planner.parallel_dims import Group
 from planner.precision import PrecisionSpec, precision_spec
@@ -279,10 +280,13 @@ def estimate(
     ops = op_rooflines(graph, hw)
 
     per_micro_flops = sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)
-    # every rank runs its share of every micro-batch (a tensor-parallel rank 1/tp of its FLOPs)
+    # every rank runs its share of every micro-batch (a tensor-parallel rank 1/tp of its FLOPs);
+    # an op every rank of its group runs whole (a MoE router under TP) is the model's work once
+    replicated = sum((op.cost.fwd_flops + op.cost.bwd_flops) * (1 - 1 / op.spec.group_size) for op in graph.nodes
+                     if op.spec.variant is OpVariant.REPLICATED_WEIGHT)
     micro_batches = knobs.grad_accum_steps * knobs.parallel.world_size
-    model_flops = per_micro_flops * micro_batches
-    hardware_flops = model_flops + timeline.recompute_flops * micro_batches
+    model_flops = (per_micro_flops - replicated) * micro_batches
+    hardware_flops = (per_micro_flops + timeline.recompute_flops) * micro_batches
     peak_flops = hw.peak_flops_per_s[spec.matmul_precision] * knobs.parallel.world_size
     cap = hbm_cap_bytes if hbm_cap_bytes is not None else hw.hbm_bytes
     peak = timeline.peak.bytes

@@ -78,6 +78,7 @@ class Prepared:
         self.out_grad = [op.cost.output.requires_grad and op.cost.has_backward for op in nodes]
         self.extras = [sum(round_bytes(b) for b in op.cost.saved_extra_bytes) for op in nodes]
         self.copies = [sum(round_bytes(b) for b in op.cost.autocast_copy_bytes) for op in nodes]
+        self.copies_cached = [op.cost.autocast_copies_cached for op in nodes]
         self.category = [_LOGITS if op.spec.name in LOGITS_NODES else _ACTIVATIONS for op in nodes]
         self.grad_category = [_LOGITS if c == _LOGITS else _TEMPORARIES for c in self.category]
         self.block = [op.spec.block for op in nodes]
@@ -87,6 +88,7 @@ class Prepared:
         self.fwd_transient = [op.cost.fwd_transient_bytes for op in nodes]
         self.unsaved_transient = [op.cost.unsaved_fwd_transient_bytes for op in nodes]
         self.bwd_transient = [op.cost.bwd_transient_bytes for op in nodes]
+        self.releases_out_grad = [op.cost.releases_output_grad for op in nodes]
         self.fwd_flops = [op.cost.fwd_flops for op in nodes]
         self.has_backward = [op.cost.has_backward for op in nodes]
         self.aliases = [tuple(op.cost.grad_aliases_input(s) for s in range(len(op.inputs))) for op in nodes]
@@ -228,9 +230,12 @@ class Walk:
             base = p.view_of[i]
             if base is not None:
                 self.holds[base] += 1
-            if p.copies[i]:
+            dropped = 0  # an uncached copy in a checkpointed unit's forward: the op's alone
+            if p.copies[i] and (p.copies_cached[i] or self.unit[i] is None or unit is not None):
                 live.add(_TEMPORARIES, p.copies[i])
                 self.copies_alive[i] = True
+            elif p.copies[i]:
+                dropped = p.copies[i]
             if self.unit[i] is None or unit is not None or (self.cached[i] and p.extras_out[i]):
                 live.add(cat, p.extras[i])
                 self.extras_alive[i] = True
@@ -239,7 +244,7 @@ class Walk:
                 transient = p.unsaved_transient[i]  # type: ignore[assignment]
             else:  # checkpointed: the pack hook drops what the op saved once the op returns
                 transient = p.extras[i] + p.fwd_transient[i]
-            live.observe(phase, p.names[i], transient)
+            live.observe(phase, p.names[i], transient + dropped)
             self._hold_for_backward(i, unit)
             if self.cached[i] and not recompute:
                 self.holds[i] += 1  # SAC's cache holds it until the recompute
@@ -373,6 +378,8 @@ class Walk:
             if p.has_backward[i] and own:
                 momentary = [0, 0]  # temporaries, logits
                 momentary[p.grad_category[i] == _LOGITS] += p.bwd_transient[i]
+                if p.releases_out_grad[i] and self.buffers[own][2] == 1:  # its own gradient, read first
+                    momentary[p.grad_category[i] == _LOGITS] -= self.buffers[own][0]
                 aliases = p.aliases[i]
                 for slot, t in enumerate(p.inputs[i]):
                     if not p.out_grad[t]:

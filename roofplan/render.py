@@ -170,8 +170,9 @@ def memory_table(result: PlanResult) -> Table:
     ranks = dims.fsdp_ranks if strategy_for(dims).shards_params else dims.data_parallel
     strategy = strategy_for(dims)
     sharded = strategy.shards_params
-    if dims.tp > 1:  # one tensor-parallel rank's share of the model (norms whole on every rank)
-        n = f"{format_count(rank_parameters(m, dims))} (TP {dims.tp})"
+    if dims.tp > 1 or dims.ep > 1:  # one rank's share of the model (norms whole on every rank)
+        split = " x ".join(f"{name} {degree}" for name, degree in (("TP", dims.tp), ("EP", dims.ep)) if degree > 1)
+        n = f"{format_count(rank_parameters(m, dims))} ({split})"
     per = f"{n} / {ranks}" if sharded else n
     table.add_row("parameters", f"{per} × {spec.param_bytes} B ({spec.param_dtype.value}"
                   + (" shards; gathered copies are in the peak)" if sharded else ")"), format_bytes(mem.params_bytes))

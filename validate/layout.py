@@ -30,6 +30,9 @@ def device_mesh(device_type: str, dims: ParallelDims) -> Any:
     if dims.cp > 1:
         return init_device_mesh(device_type, (dims.data_parallel, dims.cp, dims.tp), mesh_dim_names=("dp", "cp", "tp"))
     if dims.ep > 1:  # torchtitan's split of the FSDP ranks: ep consecutive ranks, dp_mod_ep across them
+        if dims.tp > 1:  # torchtitan's sparse mesh with etp = tp: (efsdp, ep, etp)
+            return init_device_mesh(device_type, (dims.data_parallel // dims.ep, dims.ep, dims.tp),
+                                    mesh_dim_names=("dp_mod_ep", "ep", "tp"))
         return init_device_mesh(device_type, (dims.data_parallel // dims.ep, dims.ep),
                                 mesh_dim_names=("dp_mod_ep", "ep"))
     if dims.tp == 1:

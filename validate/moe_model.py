@@ -43,6 +43,45 @@ class Fp32RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """A parameter as this rank computes with it: a DTensor's local shard under tensor parallelism
+    (``to_local()``, a view: torchtitan's GroupedExperts), else the parameter itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` on its parameters' local shards (the same op as ``nn.Linear.forward``)."""
+    return F.linear(x, local(module.weight), None if module.bias is None else local(module.bias))
+
+
+class _SumGradient(torch.autograd.Function):
+    """Identity forward; the gradient all-reduced over ``group`` (a replicated weight whose
+    gradient is a partial sum under tensor parallelism: the router's)."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        from torch.distributed._functional_collectives import all_reduce, wait_tensor
+
+        return wait_tensor(all_reduce(grad, "sum", ctx.group)), None
+
+
+def replicated_linear(module: nn.Linear, x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``module(x)``, whole on every rank of a tensor-parallel ``group`` (None: none) on all its
+    tokens, its parameters' gradients summed over the group (torchtitan's NoParallel router with a
+    Partial output gradient)."""
+    if group is None:
+        return module(x)
+    bias = None if module.bias is None else _SumGradient.apply(local(module.bias), group)
+    return F.linear(x, _SumGradient.apply(local(module.weight), group), bias)
+
+
 class GroupedLinear(nn.Module):
     """E independent linears applied to E equal groups of rows: ``bmm((E, C, i), (E, i, o))``."""
 
@@ -53,7 +92,7 @@ class GroupedLinear(nn.Module):
             nn.init.normal_(self.weight, mean=0.0, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(x, self.weight)
+        return torch.bmm(x, local(self.weight))
 
 
 class Experts(nn.Module):
@@ -80,7 +119,7 @@ class SharedExpert(nn.Module):
         self.down_proj = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return linear(self.down_proj, F.silu(linear(self.gate_proj, x)) * linear(self.up_proj, x))
 
 
 class MoE(nn.Module):
@@ -97,6 +136,7 @@ class MoE(nn.Module):
         self.moe = moe
         self.ep = ep
         self.ep_group: Any = None  # a ProcessGroup, set by validate.layout
+        self.tp_group: Any = None  # under tensor parallelism (validate.moe_parallel): its ProcessGroup
         self.experts = Experts(moe.model_copy(update={"n_experts": moe.n_experts // ep}), d_model)
         self.router = nn.Linear(d_model, moe.n_experts, bias=moe.router_bias)
         self.shared_expert = SharedExpert(d_model, moe.shared_d_ff) if moe.shared_d_ff else None
@@ -166,15 +206,20 @@ class MoE(nn.Module):
         return all_to_all_single_autograd(back, None, None, self.ep_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Partial
+
+        if isinstance(x, DTensor):  # tensor parallelism: every path's input gradient is a partial sum
+            x = x.to_local(grad_placements=(Partial(),))
         # one expression: only ``x`` and ``tokens`` (saved by dispatch and combine) are locals
         tokens = self.slots(x.shape[0] * x.shape[1], x.device)
         if self.ep > 1:
             out = self.home(self.experts(self.away(self.dispatch(x, tokens))))
-            y = self.combine(out, self.route(self.router(x)), tokens, x.shape)
+            y = self.combine(out, self.route(replicated_linear(self.router, x, self.tp_group)), tokens, x.shape)
         else:
-            y = self.combine(self.experts(self.dispatch(x, tokens)), self.route(self.router(x)), tokens, x.shape)
+            y = self.combine(self.experts(self.dispatch(x, tokens)),
+                             self.route(replicated_linear(self.router, x, self.tp_group)), tokens, x.shape)
         if self.shared_expert is None:
             return y
         if self.shared_gate is None:
             return y + self.shared_expert(x)
-        return y + self.shared_expert(x) * torch.sigmoid(self.shared_gate(x))
+        return y + self.shared_expert(x) * torch.sigmoid(replicated_linear(self.shared_gate, x, self.tp_group))

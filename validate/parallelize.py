@@ -28,6 +28,8 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from planner.config import MlpKind, PositionKind
 from planner.knobs import Knobs
+from validate.moe_model import MoE
+from validate.moe_parallel import bind_tensor_parallel_group, moe_tensor_parallel_plan
 from validate.reference_model import Transformer
 
 
@@ -92,7 +94,12 @@ def apply_tensor_parallel(model: Transformer, knobs: Knobs, mesh: Any) -> Transf
     """``parallelize_module`` over the ``tp`` mesh (a 1-D mesh or the "tp" dimension of one)."""
     block_plan, top_plan = tensor_parallel_plan(model, knobs.parallel.sp)
     for block in model.blocks:
-        parallelize_module(block, mesh, block_plan)
+        plan = block_plan
+        if isinstance(block.mlp, MoE):  # validate.moe_parallel: one collective in, one out
+            plan = {k: v for k, v in block_plan.items() if k != "mlp" and not k.startswith("mlp.")}
+            plan.update(moe_tensor_parallel_plan(block.mlp, knobs.parallel.sp))
+            bind_tensor_parallel_group(block.mlp, mesh)
+        parallelize_module(block, mesh, plan)
     parallelize_module(model, mesh, top_plan)
     return model
 

@@ -76,6 +76,9 @@ class OpVariant(StrEnum):
     # losses that take the final norm's output and own the LM head: the logits never exist whole
     CHUNKED_LOSS = "chunked_loss"  # torchtitan's ChunkedLossWrapper: lm_head + cross-entropy + backward per chunk
     FUSED_LINEAR_LOSS = "fused_linear_loss"  # Liger's fused linear cross-entropy: no logits kept
+    # a tensor-parallel mixture-of-experts block (planner.strategies.tensor_moe) runs on local views
+    LOCAL_WEIGHT = "local_weight"  # weight used as its DTensor's to_local() view: autocast does not cache its cast
+    REPLICATED_WEIGHT = "replicated_weight"  # the same, whole on every rank; its partial gradient all-reduced
 
 
 HIDDEN_STATE_LOSSES = frozenset({OpVariant.CHUNKED_LOSS, OpVariant.FUSED_LINEAR_LOSS})
@@ -214,12 +217,17 @@ class LayerCost(BaseModel):
     saved_extra_bytes: tuple[int, ...] = ()  # tensors the op creates and keeps for backward
     extras_are_outputs: bool = False  # those extras are outputs of its kernel (SAC's cache keeps them)
     autocast_copy_bytes: tuple[int, ...] = ()  # autocast's cached low-precision weight copies
+    # False: autocast does not cache them (a view's cast): in a checkpointed unit's forward they die with the op
+    autocast_copies_cached: bool = True
     fwd_transient_bytes: int = 0  # beyond inputs, output and extras, at the op's forward peak
     # beyond inputs and output when the op runs inside a checkpointed unit (nothing is saved,
     # so a composite op frees its internal tensors as it goes); None: extras + fwd_transient
     unsaved_fwd_transient_bytes: int | None = None
     bwd_transient_bytes: int = 0  # beyond input grads, at the op's backward peak
     grad_aliases_inputs: tuple[bool, ...] = ()  # input grads that are the output grad itself (add)
+    # the backward's first node is the output gradient's last reader: where no other op shares
+    # that gradient (no alias), it is freed before the backward's peak
+    releases_output_grad: bool = False
     param_numel: int = 0
     param_dtype: DType = DType.FP32
     has_backward: bool = True

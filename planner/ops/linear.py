@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from hardware.collectives import Collective
 from hardware.kernels import GemmShape
-from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, TensorInfo, linear_flops
-from planner.ops.registry import register
+from planner.ops.base import (
+    CollectiveCall,
+    LayerCost,
+    LayerSpec,
+    OpContext,
+    OpKind,
+    OpVariant,
+    TensorInfo,
+    linear_flops,
+)
+from planner.ops.registry import register, register_variant
 
 
 @register(OpKind.LINEAR)
@@ -78,3 +88,38 @@ def _matmul_cost(spec: LayerSpec, ctx: OpContext, groups: int) -> LayerCost:
         param_dtype=param_dtype,
         saves_before_compute=True,
     )
+
+
+@register_variant(OpKind.LINEAR, OpVariant.LOCAL_WEIGHT)
+@register_variant(OpKind.GROUPED_LINEAR, OpVariant.LOCAL_WEIGHT)
+def local_weight_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """A linear (or the experts' bmm) of a tensor-parallel MoE block, run on the local shard of its
+    DTensor weight (``weight.to_local()``, as torchtitan's ``GroupedExperts`` does; the shapes are
+    the rank's: out_features or in_features already split). FLOPs and bytes as the reference's.
+
+    Memory: ``to_local()`` is a view, and autocast caches only the casts of leaf tensors that are
+    no views (``cached_cast``, aten/src/ATen/autocast_mode.cpp): the low-precision weight copy is
+    the matmul's own, saved by it, so in a checkpointed unit's forward it dies with the op (not
+    when autocast exits), and a bias's copy always does. Without autocast nothing differs."""
+    cost = _matmul_cost(spec, ctx, groups=spec.moe.n_experts if spec.kind is OpKind.GROUPED_LINEAR and spec.moe else 1)
+    if not cost.autocast_copy_bytes:
+        return cost
+    weight, *bias = cost.autocast_copy_bytes
+    return cost.model_copy(update={"autocast_copy_bytes": (weight,), "autocast_copies_cached": False,
+                                   "fwd_transient_bytes": cost.fwd_transient_bytes + sum(bias)})
+
+
+@register_variant(OpKind.LINEAR, OpVariant.REPLICATED_WEIGHT)
+def replicated_weight_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """The router (or a shared-expert gate) of a tensor-parallel MoE block: whole on every rank of
+    the group (``spec.group_size``) and run on all tokens, on its weight's local view
+    (``LOCAL_WEIGHT``). The gradient reaching its logits is a partial sum (the experts' outputs
+    it weights are), so its weight gradient is too: all-reduced over the group in the backward
+    (``_c10d_functional.all_reduce``: a contiguous copy beside the gradient). The input gradient
+    stays partial and joins the block's at its exit collective."""
+    cost = local_weight_cost(spec, ctx)
+    grad = spec.in_features * spec.out_features * ctx.precision.param_dtype.n_bytes
+    call = CollectiveCall(kind=Collective.ALL_REDUCE, n_bytes=grad, group_size=spec.group_size,
+                          ranks_per_node=spec.ranks_per_node)
+    return cost.model_copy(update={"bwd_collectives": (call,),
+                                   "bwd_transient_bytes": max(cost.bwd_transient_bytes, grad)})

@@ -120,8 +120,10 @@ def moe_combine_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     the weighted rows (R, D): its derivative formula reads ``source.dim()``, so autograd keeps it.
 
     Backward: the rows' gradient gathered back (R, D) (the weighted rows are released after that
-    node), then the product's two gradients ((R, D) for the rows, an (R, D) product summed to (R,)
-    for the weights), the weights' cast back to fp32.
+    node, and the output's gradient too where nothing else holds it: under tensor parallelism
+    it is the all-gathered gradient of the block's exit, read by nothing else), then the
+    product's two gradients ((R, D) for the rows, an (R, D) product summed to (R,) for the
+    weights), the weights' cast back to fp32.
     """
     rows_out, weights, slots = ctx.inputs
     d = spec.in_features
@@ -137,6 +139,7 @@ def moe_combine_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         # the gathered gradient and the weights' product beside the rows' gradient; the weighted
         # rows (counted as saved until the op's backward ends) are already gone
         bwd_transient_bytes=rows_out.n_bytes + weights.numel * dtype.n_bytes,
+        releases_output_grad=True,
         fwd_bytes_moved=3 * rows_out.n_bytes + 2 * out.n_bytes,
         bwd_bytes_moved=5 * rows_out.n_bytes + out.n_bytes,
         fwd_kernels=3 + (1 if cast else 0), bwd_kernels=4 + (1 if cast else 0),
@@ -148,7 +151,10 @@ def gate_scale_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     """``x * sigmoid(g)`` with g (N, 1): sigmoid saves its output, the product saves x and it.
 
     Backward: x's gradient (N, D), g's through an (N, D) product summed to (N, 1) and sigmoid's
-    backward (N, 1)."""
+    backward (N, 1).
+
+    The product packs its saved operands before it runs, so a checkpoint recompute ending here
+    stops after the sigmoid, short of the product (measured: one (N, D) less)."""
     x, gate = ctx.inputs
     out = TensorInfo(numel=x.numel, dtype=x.dtype)
     return LayerCost(
@@ -159,6 +165,7 @@ def gate_scale_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         fwd_bytes_moved=2 * x.n_bytes + 3 * gate.n_bytes,
         bwd_bytes_moved=4 * x.n_bytes + 4 * gate.n_bytes,
         fwd_kernels=2, bwd_kernels=4,
+        saves_before_compute=True,
     )
 
 

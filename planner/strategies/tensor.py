@@ -39,6 +39,13 @@ from planner.errors import ConfigError
 from planner.implementations import effective_loss
 from planner.ops.base import OpKind, ParamTensor
 from planner.parallel_dims import ParallelDims
+from planner.strategies.expert import shard_experts
+from planner.strategies.tensor_moe import (
+    check_moe_tensor_parallel,
+    describe_moe_tensor_parallel,
+    moe_regions,
+    shard_moe_op,
+)
 
 
 def _chunk(n: int, ranks: int) -> int:
@@ -55,9 +62,7 @@ def check_tensor_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) 
         raise ConfigError(f"parallel.tp: tensor parallelism is modelled for the reference implementation with the "
                           f"plain loss, not {model.implementation.value} with the {effective_loss(model).value} loss; "
                           f"use tp 1 (data parallelism) or implementation: reference")
-    if model.moe is not None:
-        raise ConfigError(f"parallel.tp: tensor parallelism of {model.name}'s mixture-of-experts blocks is not modelled "
-                          "yet (expert parallelism is next); use tp 1 (data parallelism, FSDP2)")
+    check_moe_tensor_parallel(model, tp)
     if dims.data_parallel > 1 and not dims.shards_parameters:
         raise ConfigError(f"parallel.tp: tensor parallelism with {dims.data_parallel} data-parallel replicas under DDP "
                           "or ZeRO-1 is not modelled (DDP needs its DTensor parameters made local first; torchtitan "
@@ -134,8 +139,31 @@ def shard_tensor_parallel(desc: ModelDesc, model: ModelConfig, tp: int, sequence
         return name
 
     scatter_before_blocks = sequence_parallel and model.positions is PositionKind.LEARNED
+    regions = moe_regions(desc, model)  # MoE blocks: one collective in, one out (planner.strategies.tensor_moe)
+    exits = {prefix: name for name, prefix in regions.items()}  # each block's last op (its output)
+    moe_inputs = {regions[op.name]: x for op in reversed(desc.ops) if op.name in regions
+                  for x in op.inputs if x not in regions}  # each block's input (its norm's output)
     for op in desc.ops:
         inputs = tuple(rename.get(name, name) for name in op.inputs)
+        prefix = regions.get(op.name)
+        if prefix is not None:
+            x = rename.get(moe_inputs[prefix], moe_inputs[prefix])
+            if x not in entries:  # the module's input hook, before its forward: gathered (SP) or taken as it is
+                kind = OpKind.GATHER_FROM_SEQUENCE if x in sharded else OpKind.COPY_TO_REGION
+                entries[x] = collective(f"{prefix}.tp_in", kind, x, op.block)
+            op = replace(op, inputs=tuple(entries[x] if name == x else name for name in inputs))
+            if op.kind is OpKind.LINEAR and op.tp is TpRole.COLWISE:
+                op = _colwise(op, tp)
+            elif op.kind is OpKind.LINEAR and op.tp is TpRole.ROWWISE:
+                op = _rowwise(op, tp)
+            ops.append(shard_moe_op(op, tp, group))
+            if exits[prefix] == op.name:  # the partial sums made whole: reduce-scatter (SP) or all-reduce
+                kind = OpKind.REDUCE_SCATTER_TO_SEQUENCE if sequence_parallel else OpKind.REDUCE_FROM_REGION
+                out = collective(f"{prefix}.tp_out", kind, op.name, op.block)
+                if sequence_parallel:
+                    sharded.add(out)
+                rename[op.name] = ends[op.name] = out
+            continue
         if scatter_before_blocks and op.block == 0 and op.tp is TpRole.SEQUENCE and inputs[0] not in sharded:
             # learned positions are added to the whole sequence: shard the stream as it enters the blocks
             stream = collective("blocks.0.tp_scatter", OpKind.SCATTER_TO_SEQUENCE, inputs[0], 0)
@@ -177,7 +205,8 @@ def shard_tensor_parallel(desc: ModelDesc, model: ModelConfig, tp: int, sequence
         ops.append(new)
     holds: list[tuple[str, str]] = []
     for tensor, until in desc.held_until:
-        until = ends.get(until, until)
+        if tensor not in regions:  # a MoE block's own locals die when its forward returns, before its exit
+            until = ends.get(until, until)
         holds.append((tensor, until))
         entry = entries.get(rename.get(tensor, tensor))
         if entry is not None:  # the module's forward receives the entry's output: its frame holds that too
@@ -195,9 +224,11 @@ def describe_tensor_parallel(model: ModelConfig, dims: ParallelDims) -> str:
           " (norms and residuals whole on every rank; all-reduce after each rowwise linear and of the "
           "input gradient before each colwise group)")
     return (f"{dims.tp} GPUs per group: parallelize_module, colwise q/k/v/gate/up and LM head, rowwise o/down, "
-            f"vocabulary-parallel embedding and loss, {heads} per GPU{sp}")
+            f"vocabulary-parallel embedding and loss, {heads} per GPU{sp}{describe_moe_tensor_parallel(model, dims.tp)}")
 
 
 def rank_parameters(model: ModelConfig, dims: ParallelDims) -> int:
-    """Parameters one tensor-parallel rank holds (before any data-parallel sharding)."""
-    return sum(p.numel for p in rank_description(model, dims.tp, dims.sp, 1).params.values())
+    """Parameters one tensor-parallel rank holds, E/ep experts of each MoE block under expert
+    parallelism (before any data-parallel sharding)."""
+    desc = shard_experts(rank_description(model, dims.tp, dims.sp, 1), dims.ep, 1)
+    return sum(p.numel for p in desc.params.values())

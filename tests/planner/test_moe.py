@@ -110,9 +110,6 @@ def test_refusals_name_the_field() -> None:
         ModelConfig(family="mixtral", **BASE, moe=dict(n_experts=4, top_k=2, d_ff_expert=8), implementation="hf")
     with pytest.raises(ValueError, match="moe.top_k"):
         MoeConfig(n_experts=2, top_k=3, d_ff_expert=8)
-    training = TrainConfig(seq_len=128, global_batch_size=2)
-    with pytest.raises(ConfigError, match="parallel.tp: tensor parallelism of .* mixture-of-experts"):
-        estimate(MIXTRAL, training, HW, Knobs(micro_batch_size=2, parallel=ParallelDims(tp=2, sp=True)))
 
 
 @pytest.mark.parametrize(("gpus", "precision", "blocks"), [(2, "bf16-mixed", ()), (8, "fp32", (0,)),

@@ -36,12 +36,15 @@ def _plan(gpus: int, stage: int, accum: int = 2, precision: str = "fp32", blocks
     return api.estimate_plan(model, training, "h100-sxm", knobs)
 
 
-# (ZeRO stage, accumulation, precision, FSDP2 gradient sync, tensor-, context-, expert-parallel degree);
-# expert parallelism runs a small Mixtral-style model (4 experts, 2 per rank)
-GLOO_CASES = [(0, 1, "fp32", "every", 1, 1, 1), (1, 2, "fp32", "every", 1, 1, 1), (2, 2, "fp32", "every", 1, 1, 1),
-              (3, 1, "bf16-mixed", "every", 1, 1, 1), (3, 3, "bf16-mixed", "last", 1, 1, 1),
-              (0, 2, "bf16-mixed", "every", 2, 1, 1), (3, 2, "bf16-mixed", "every", 1, 2, 1),
-              (3, 2, "bf16-mixed", "every", 1, 1, 2)]
+# (ZeRO stage, accumulation, precision, FSDP2 gradient sync, tensor-, context-, expert-parallel degree,
+# model); "moe" is a small Mixtral-style model (4 experts: 2 per rank under expert parallelism,
+# every expert's inner size split under tensor parallelism)
+GLOO_CASES = [(0, 1, "fp32", "every", 1, 1, 1, "dense"), (1, 2, "fp32", "every", 1, 1, 1, "dense"),
+              (2, 2, "fp32", "every", 1, 1, 1, "dense"), (3, 1, "bf16-mixed", "every", 1, 1, 1, "dense"),
+              (3, 3, "bf16-mixed", "last", 1, 1, 1, "dense"), (0, 2, "bf16-mixed", "every", 2, 1, 1, "dense"),
+              (3, 2, "bf16-mixed", "every", 1, 2, 1, "dense"), (3, 2, "bf16-mixed", "every", 1, 1, 2, "moe"),
+              (0, 2, "bf16-mixed", "every", 2, 1, 1, "moe")]
+GLOO_MODELS = {"dense": SMALL, "moe": SMALL_MOE}
 
 # torchrun starts each rank as `python WORKER plan0.json plan1.json ...`; the worker validates
 # every plan with `--mode run --device cpu --steps 1 --json`, one after another in the same two
@@ -93,8 +96,8 @@ def gloo_reports(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, di
     Returns rank 0's results by case index and, if the launch failed, why."""
     tmp = tmp_path_factory.mktemp("gloo")
     plans = [str(_plan(2, stage, accum=accum, precision=precision, blocks=(1,), sync=sync, tp=tp, cp=cp, ep=ep,
-                       model=SMALL_MOE if ep > 1 else SMALL)
-                 .save(tmp / f"plan{i}.json")) for i, (stage, accum, precision, sync, tp, cp, ep) in enumerate(GLOO_CASES)]
+                       model=GLOO_MODELS[model]).save(tmp / f"plan{i}.json"))
+             for i, (stage, accum, precision, sync, tp, cp, ep, model) in enumerate(GLOO_CASES)]
     worker = tmp / "worker.py"
     worker.write_text(GLOO_WORKER)
     done = subprocess.run(
@@ -118,9 +121,10 @@ def gloo_reports(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, di
 def test_two_ranks_over_gloo(case: int, gloo_reports: tuple[dict[int, dict], str]) -> None:
     """A real 2-rank CPU run (torchrun, gloo): every rank measured by the tracker, the largest
     within 5% of the predicted per-rank peak (issue 5 asks 5%; the planner is built to match).
-    The last three cases are tensor parallelism (DTensor over gloo, with sequence parallelism),
-    context parallelism (torch's ring attention over gloo, FSDP2 over both ranks) and expert
-    parallelism (all_to_all_single over gloo, the experts FSDP2 units of one rank)."""
+    The last four cases are tensor parallelism (DTensor over gloo, with sequence parallelism),
+    context parallelism (torch's ring attention over gloo, FSDP2 over both ranks), expert
+    parallelism (all_to_all_single over gloo, the experts FSDP2 units of one rank) and tensor
+    parallelism of MoE blocks (each rank half of every expert's inner size, the router whole)."""
     results, failure = gloo_reports
     if case not in results or results[case]["code"] != 0 and not results[case]["stdout"]:
         pytest.fail(failure or "no report for this plan")
