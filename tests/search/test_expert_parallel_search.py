@@ -12,7 +12,7 @@ from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
 from roofplan import api
 from roofplan.cli import main as plan_main
-from search.space import EP, ZERO_STAGE, build_space
+from search.space import EP, ZERO_STAGE, build_space, layout_refusal
 
 HW = load_hardware("h100-sxm")
 MOE = ModelConfig(family="mixtral", n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512, vocab_size=4096,
@@ -98,3 +98,16 @@ def test_the_report_shows_the_expert_layout_and_its_time(tmp_path, capsys, monke
 def test_ep_without_moe_refused_in_the_api() -> None:
     with pytest.raises(ConfigError, match="--ep"):
         api.plan(DENSE, TRAINING, "h100-sxm", int(80e9), gpus=8, ep=2)
+
+
+def test_tensor_parallel_layouts_of_moe_models_are_offered() -> None:
+    """Tensor parallelism of MoE blocks is modelled (``planner.strategies.tensor_moe``): the space
+    offers tp > 1 on a MoE model, alone and with ep over the data-parallel ranks it leaves, and
+    leaves it out where the blocks cannot run it (the load-balancing loss)."""
+    space = build_space(MOE, TRAINING, HW, gpus=8, tensor_parallel=None, context_parallel=1, expert_parallel=None)
+    layouts = {(space.layout(p).tp, space.layout(p).ep) for p in space.points()}
+    assert {(2, 1), (2, 2), (2, 4)} <= layouts and (2, 8) not in layouts
+    aux = MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"aux_loss_coef": 0.01})})
+    assert (layout_refusal(aux, TRAINING.seq_len, 2, 1) or "").startswith("moe.aux_loss_coef: under tensor parallelism")
+    assert build_space(aux, TRAINING, HW, gpus=8, tensor_parallel=None, context_parallel=1,
+                       expert_parallel=None).tensor_parallel == (1,)
