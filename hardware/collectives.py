@@ -28,6 +28,14 @@ messages use), with the link speeds and the achieved fraction taken from the pro
 
 nccl-tests' bus bandwidth (``doc/PERFORMANCE.md``) is defined so that ``busbw = algbw x 2(n-1)/n``
 for an all-reduce and ``algbw x (n-1)/n`` for the others: what this module calls bus bandwidth.
+
+An all-to-all (expert parallelism's dispatch and combine) is no ring: each rank sends 1/n of its
+buffer to every other rank at once, its node peers over the intra-node links, the others through its
+own NIC, so the slower side bounds it. Where the profile has a published all-to-all curve for the
+group's scale (``collective_ramps`` with ``collective: all_to_all``, keyed on the bytes a rank sends,
+``size x (n-1)/n``) the bytes run at its share of the profile's all-to-all rate
+(``all_to_all_efficiency``, ``all_to_all_network_efficiency``); elsewhere the links' model prices it:
+one latency plus the bytes at that rate (``all_to_all_method`` names which).
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ from enum import StrEnum
 from hardware.profile import HardwareProfile
 from hardware.ramps import Collective, CollectiveRamp, bytes_sent_per_rank, ring_step_count
 
-__all__ = ["Algorithm", "Collective", "bus_bandwidth_bytes_per_s", "bus_bandwidth_measured", "collective_lower_bound_s",
+__all__ = ["Algorithm", "Collective", "all_to_all_curves", "all_to_all_method", "all_to_all_time_s",
+           "bus_bandwidth_bytes_per_s", "bus_bandwidth_measured", "collective_lower_bound_s",
            "collective_time_s", "nodes_of", "ring_latency_s", "ring_steps", "ring_time_s", "tree_time_s"]
 
 # NCCL's tree bandwidth refinement (tuning.cc: ``busBw*.92`` for the tree algorithm) and its
@@ -109,33 +118,88 @@ def ramp_share(hw: HardwareProfile, kind: Collective, sent_bytes: float, n_ranks
     kinds = (kind,) if kind is Collective.ALL_REDUCE else (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
     if kind is Collective.PERMUTE and nodes > 1:
         return None  # no published send/recv curve across nodes: latency + the bytes at one NIC
+    rings = [r for r in hw.collective_ramps if r.collective is not Collective.ALL_TO_ALL]
     if nodes > 1:
-        across = sorted((r for r in hw.collective_ramps if r.nodes > 1 and r.collective in kinds),
-                        key=lambda r: r.nodes)
+        across = sorted((r for r in rings if r.nodes > 1 and r.collective in kinds), key=lambda r: r.nodes)
         if across:
             return _interpolated(across, sent_bytes, nodes), 0
         if kind is Collective.ALL_REDUCE:
             return None
-    inside = sorted((r for r in hw.collective_ramps if r.nodes == 1), key=lambda r: r.collective not in kinds)
+    inside = sorted((r for r in rings if r.nodes == 1), key=lambda r: r.collective not in kinds)
     if not inside:
         return None
     return inside[0].fraction(sent_bytes), inside[0].ranks
 
 
+def all_to_all_curves(hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> list[CollectiveRamp]:
+    """The profile's published all-to-all curves that price a group of ``n_ranks``: inside a node
+    its one-node curve, across nodes those measured across nodes (by node count); none: the links'
+    model applies."""
+    mine = [r for r in hw.collective_ramps if r.collective is Collective.ALL_TO_ALL]
+    if nodes_of(n_ranks, gpus_per_node) == 1:
+        return [r for r in mine if r.nodes == 1][:1]
+    return sorted((r for r in mine if r.nodes > 1), key=lambda r: r.nodes)
+
+
+def all_to_all_method(hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> str:
+    """Which model prices an all-to-all over ``n_ranks`` on ``hw``, in words: the published curve
+    (its source) or the links' model (and which achieved share it runs at)."""
+    across = nodes_of(n_ranks, gpus_per_node) > 1
+    curves = all_to_all_curves(hw, n_ranks, gpus_per_node)
+    if curves:
+        where = (f"curves measured on {', '.join(str(r.nodes) for r in curves)} nodes, interpolated in log(nodes)"
+                 if across else "the one-node curve")
+        return f"published all-to-all {where} ({curves[0].source})"
+    published = hw.all_to_all_network_efficiency if across else hw.all_to_all_efficiency
+    share = "a published all-to-all bus bandwidth" if published is not None else (
+        "the ring collectives' share (no published all-to-all figure)")
+    link = "each GPU's NIC" if across else "the intra-node links"
+    return f"links' model: one latency plus the bytes over {link} at {share}; no published all-to-all curve by size"
+
+
+def _all_to_all_share(curves: list[CollectiveRamp], sent: float, nodes: int) -> tuple[float, float]:
+    """(share of the large-message rate, the first measured bytes per rank): the curves' share at
+    ``sent`` (interpolated in log(nodes) between measured scales, clamped at the ends); below the
+    first measured point, the share there."""
+    first = max(r.sent_bytes()[0] for r in curves)
+    at = max(sent, first)
+    if len(curves) == 1 or nodes <= curves[0].nodes:
+        return curves[0].fraction(max(at, curves[0].sent_bytes()[0])), first
+    return _interpolated(curves, at, nodes), first
+
+
 def all_to_all_time_s(n_bytes: float, hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> float:
-    """One all-to-all of ``n_bytes`` per rank: each rank sends ``n_bytes / n`` to every other rank
-    at once, the peers in its node over the intra-node links, the others through its own NIC
-    (the slower side bounds it), after one collective latency and one hop (intra, or network
-    when the group spans nodes). No published all-to-all curve is in the profiles: this is the
-    links' bandwidth at the profile's achieved shares (``collective_efficiency``,
-    ``network_efficiency``)."""
+    """One all-to-all of ``n_bytes`` per rank (nccl-tests' alltoall size): each rank sends
+    ``n_bytes / n`` to every other rank at once, the peers in its node over the intra-node links at
+    ``all_to_all_efficiency``, the others through its own NIC at ``all_to_all_network_efficiency``
+    (each falls back to the ring collectives' share where the profile has no published all-to-all
+    figure); the slower side bounds it.
+
+    With a published curve for the group's scale (``all_to_all_curves``) the bytes run at the
+    curve's share of that rate at the bytes a rank sends (the curve includes the latency it
+    measured); below its first point, the faster of the first point's time and one latency plus
+    the bytes at the first point's share (a curve that starts at large messages says nothing about
+    the latency floor). Without one, the links' model: one collective latency and one hop (intra,
+    or network when the group spans nodes) plus the bytes at that rate."""
     if n_ranks <= 1 or n_bytes <= 0:
         return 0.0
+    nodes = nodes_of(n_ranks, gpus_per_node)
     local = min(gpus_per_node, n_ranks)
-    inside = n_bytes * (local - 1) / n_ranks / (hw.intra_node_bandwidth_bytes_per_s * hw.collective_efficiency)
-    across = n_bytes * (n_ranks - local) / n_ranks / (hw.inter_node_bandwidth_bytes_per_s * hw.network_efficiency)
-    hop = hw.inter_node_hop_latency_s if n_ranks > local else hw.intra_node_hop_latency_s
-    return hw.collective_latency_s + hop + max(inside, across)
+    intra = hw.intra_node_bandwidth_bytes_per_s * (hw.all_to_all_efficiency or hw.collective_efficiency)
+    nic = hw.inter_node_bandwidth_bytes_per_s * (hw.all_to_all_network_efficiency or hw.network_efficiency)
+    inside = n_bytes * (local - 1) / n_ranks / intra
+    across = n_bytes * (n_ranks - local) / n_ranks / nic
+    hop = hw.inter_node_hop_latency_s if nodes > 1 else hw.intra_node_hop_latency_s
+    latency = hw.collective_latency_s + hop
+    curves = all_to_all_curves(hw, n_ranks, gpus_per_node)
+    if not curves:
+        return latency + max(inside, across)
+    sent = bytes_sent_per_rank(n_bytes, Collective.ALL_TO_ALL, n_ranks)
+    share, first = _all_to_all_share(curves, sent, nodes)
+    bytes_s = max(inside, across) / share
+    if sent >= first:
+        return bytes_s
+    return min(bytes_s * first / sent, latency + bytes_s)
 
 
 def ring_time_s(n_bytes: float, kind: Collective, hw: HardwareProfile, n_ranks: int, gpus_per_node: int) -> float:

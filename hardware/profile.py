@@ -38,6 +38,8 @@ class Figure(StrEnum):
     KERNEL_LAUNCH = "kernel_launch"
     COLLECTIVE_EFFICIENCY = "collective_efficiency"
     NETWORK_EFFICIENCY = "network_efficiency"
+    ALL_TO_ALL_EFFICIENCY = "all_to_all_efficiency"
+    ALL_TO_ALL_NETWORK_EFFICIENCY = "all_to_all_network_efficiency"
     OVERLAP_COMPUTE_SLOWDOWN = "overlap_compute_slowdown"
     STEP_EFFICIENCY = "step_efficiency"
 
@@ -91,6 +93,16 @@ class HardwareProfile(BaseModel):
     )
     network_efficiency: Fraction = Field(
         default=1.0, description="NCCL's achieved share of a node's NICs across nodes (nccl-tests bus bandwidth / NICs)"
+    )
+    all_to_all_efficiency: Fraction | None = Field(
+        default=None,
+        description="NCCL all-to-all's achieved share of the intra-node links at large messages (nccl-tests "
+                    "alltoall busbw / link), from a published all-to-all figure; None: collective_efficiency",
+    )
+    all_to_all_network_efficiency: Fraction | None = Field(
+        default=None,
+        description="NCCL all-to-all's achieved share of each GPU's NIC across nodes at large messages, from a "
+                    "published all-to-all figure; None: network_efficiency",
     )
     collective_ramps: tuple[CollectiveRamp, ...] = Field(
         default=(), description="published nccl-tests bus bandwidth by message size, inside a node (nodes: 1) and "

@@ -5,7 +5,9 @@ A curve is stored as nccl-tests printed it: the collective, the scale (nodes x G
 message sizes (``size`` column: the full tensor, for an all-gather the gathered array) and the bus
 bandwidths. Its x axis for the time model is the bytes each rank sends, ``size x steps / ranks``
 (steps: 2(n-1) for an all-reduce, n-1 for an all-gather or a reduce-scatter): a ring's pipeline
-fills with the traffic per rank, so one curve serves every ring collective. Checked on one H100
+fills with the traffic per rank, so one curve serves every ring collective. All-to-all curves
+(``collective: all_to_all``) price only all-to-alls (hardware/collectives.py), keyed on the bytes a
+rank sends to the others, ``size x (n-1)/n``. Checked on one H100
 node, where the ring all-reduce at size S matches the all-gather and the reduce-scatter at 2S
 (tests/hardware/test_collectives.py).
 """
@@ -41,7 +43,8 @@ def ring_step_count(kind: Collective, n_ranks: int) -> int:
 
 
 def bytes_sent_per_rank(n_bytes: float, kind: Collective, n_ranks: int) -> float:
-    """What each rank of a ring sends for a collective over ``n_bytes`` (the full tensor)."""
+    """What each rank of a ring sends for a collective over ``n_bytes`` (the full tensor); for an
+    all-to-all (``n_bytes`` one rank's buffer) what it sends to the other ranks, ``n_bytes (n-1)/n``."""
     return n_bytes * ring_step_count(kind, n_ranks) / max(1, n_ranks)
 
 

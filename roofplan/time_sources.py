@@ -9,10 +9,11 @@ replaces.
 
 from __future__ import annotations
 
-from hardware.collectives import bus_bandwidth_bytes_per_s
+from hardware.collectives import all_to_all_method, bus_bandwidth_bytes_per_s
 from hardware.dtypes import ComputePrecision
 from hardware.kernels import AttentionKernel, Direction, MemoryClass, pick_curve
 from hardware.profile import MEMORY_CLASS_FIGURE, Figure, HardwareProfile
+from hardware.ramps import Collective
 from planner.config import AttentionImpl, ModelConfig
 
 NO_SOURCE = "no source recorded in the profile"
@@ -69,8 +70,9 @@ def _collective_rows(hw: HardwareProfile, gpus: int, gpus_per_node: int) -> list
     rows = [("collectives", f"NCCL ring/tree model, {bus:.0f} GB/s bus bandwidth over "
                             f"{'NVLink' if inside else 'every NIC of a node'} ({link}); NCCL's latency per step "
                             "(NVIDIA/nccl src/graph/tuning.cc @b6475625)")]
-    one_node = [r for r in hw.collective_ramps if r.nodes == 1]
-    across = sorted((r for r in hw.collective_ramps if r.nodes > 1), key=lambda r: r.nodes)
+    rings = [r for r in hw.collective_ramps if r.collective is not Collective.ALL_TO_ALL]
+    one_node = [r for r in rings if r.nodes == 1]
+    across = sorted((r for r in rings if r.nodes > 1), key=lambda r: r.nodes)
     if one_node:
         rows.append(("collectives by size" if inside else "all-gather, reduce-scatter by size",
                      f"the one-node curve{'' if inside else ' plus the latency of the extra ring steps'} "
@@ -79,14 +81,23 @@ def _collective_rows(hw: HardwareProfile, gpus: int, gpus_per_node: int) -> list
         nodes = ", ".join(str(r.nodes) for r in across)
         rows.append(("all-reduce by size", f"curves measured on {nodes} nodes, interpolated in log(nodes) "
                                            f"({across[0].source})"))
-    if not hw.collective_ramps:
+    if not rings:
         rows.append(("collectives by size", "no published curve for this device: latency plus bytes at the bus rate"))
     return rows
 
 
+def _all_to_all_row(hw: HardwareProfile, ep: int, gpus_per_node: int) -> tuple[str, str]:
+    """Expert parallelism's all-to-all: which model prices it (published curve or the links' model)
+    and where its achieved share was measured."""
+    figure = Figure.ALL_TO_ALL_NETWORK_EFFICIENCY if ep > gpus_per_node else Figure.ALL_TO_ALL_EFFICIENCY
+    return ("all-to-all (expert parallelism)",
+            f"{all_to_all_method(hw, ep, gpus_per_node)} ({figure_source(hw, figure)})")
+
+
 def time_sources(model: ModelConfig, seq_len: int, hw: HardwareProfile, precision: ComputePrecision,
-                 gpus: int, gpus_per_node: int) -> list[tuple[str, str]]:
-    """(what, figure and source) for each kernel class the step time is built from."""
+                 gpus: int, gpus_per_node: int, ep: int = 1) -> list[tuple[str, str]]:
+    """(what, figure and source) for each kernel class the step time is built from; ``ep``: the
+    expert-parallel group's size (an all-to-all row when above 1)."""
     gemm = (f"{hw.compute_efficiency[precision]:.0%} of the {precision.value} peak for large GEMMs "
             f"({figure_source(hw, Figure.COMPUTE_EFFICIENCY)})")
     if hw.gemm_half_dim:
@@ -98,6 +109,8 @@ def time_sources(model: ModelConfig, seq_len: int, hw: HardwareProfile, precisio
                                        f"({figure_source(hw, Figure.STEP_EFFICIENCY)}; see checked against)"))
     if gpus > 1:
         rows.extend(_collective_rows(hw, gpus, gpus_per_node))
+        if ep > 1:
+            rows.append(_all_to_all_row(hw, ep, gpus_per_node))
         if hw.overlap_compute_slowdown:
             rows.append(("overlap", f"compute {hw.overlap_compute_slowdown:.0%} slower while collectives overlap it "
                                     f"({figure_source(hw, Figure.OVERLAP_COMPUTE_SLOWDOWN)})"))

@@ -81,3 +81,16 @@ def test_attention_names_the_curve_of_each_direction() -> None:
     assert "flash2_h100_fwd_bwd_benchmark.png" in rows["attention backward"]
     a100 = _rows("a100-sxm-80gb", 1)
     assert "attention forward" not in a100 and "flash2_a100_fwd_bwd_benchmark.png" in a100["attention"]
+
+
+def test_expert_parallel_plans_name_the_all_to_all_model() -> None:
+    """An ep > 1 plan gets an all-to-all row naming the published curve or the links' model and the
+    share's source; a plan without expert parallelism gets none."""
+    h100, b200 = load_hardware("h100-sxm"), load_hardware("b200")
+    assert "all-to-all (expert parallelism)" not in dict(time_sources(MODEL, 4096, h100, ComputePrecision.BF16, 8, 8))
+    inside = dict(time_sources(MODEL, 4096, h100, ComputePrecision.BF16, 8, 8, ep=8))["all-to-all (expert parallelism)"]
+    assert inside.startswith("published all-to-all the one-node curve") and "collective_interpolator_data.h" in inside
+    across = dict(time_sources(MODEL, 4096, h100, ComputePrecision.BF16, 32, 8, ep=32))["all-to-all (expert parallelism)"]
+    assert "2, 8, 32 nodes" in across and h100.figure_sources[Figure.ALL_TO_ALL_NETWORK_EFFICIENCY] in across
+    fallback = dict(time_sources(MODEL, 4096, b200, ComputePrecision.BF16, 16, 8, ep=16))["all-to-all (expert parallelism)"]
+    assert fallback.startswith("links' model") and "network_efficiency" in fallback
