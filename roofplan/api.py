@@ -32,6 +32,7 @@ from planner.parallel_dims import ParallelDims, layout_label
 from planner.params import count_params
 from planner.precision import PrecisionPolicy
 from planner.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
+from planner.strategies.expert import expert_degrees
 from roofplan.advice import infeasible_message
 from roofplan.results import Plan
 
@@ -192,8 +193,6 @@ def plan(
             and (gpus == 1 or (zero_stage is not None and tp is not None and cp is not None and ep is not None))):
         zero_stages(training, gpus, gpus_per_node, zero_stage)
         assert tp is not None and cp is not None and ep is not None
-        from search.space import expert_degrees
-
         expert_degrees(model, gpus, ep)
         for flag, degree in (("--tp", tp), ("--cp", cp)):
             if degree <= 0 or gpus % degree:

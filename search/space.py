@@ -26,6 +26,7 @@ from planner.parallel_dims import ParallelDims, Sharding
 from planner.precision import PrecisionPolicy, precision_spec
 from planner.strategies import strategy_for
 from planner.strategies.context import MIN_CONTEXT_SHARD_TOKENS, check_context_parallel
+from planner.strategies.expert import expert_degrees
 from planner.strategies.tensor import check_tensor_parallel
 
 # The default policy (README "Search"): by default only a policy that trains like the fp32
@@ -229,25 +230,6 @@ def layout_refusal(model: ModelConfig, seq_len: int, tp: int, cp: int, sequence_
     return None
 
 
-def expert_degrees(model: ModelConfig, gpus: int, fixed: int | None) -> tuple[int, ...]:
-    """The expert-parallel degrees a request allows: ``--ep`` if given (checked against the model
-    and the GPUs, the error naming the flag), else every degree dividing both the GPUs and the
-    experts of a model with MoE blocks (1 for a dense model); ``SearchSpace.allows`` keeps those
-    that divide a point's data-parallel ranks under FSDP2."""
-    if fixed is not None:
-        if fixed <= 0 or gpus % fixed:
-            raise ConfigError(f"--ep: {fixed} must be a positive divisor of the {gpus} GPUs (--gpus)")
-        if fixed > 1 and model.moe is None:
-            raise ConfigError(f"--ep: {model.name} has no mixture-of-experts blocks to split; leave --ep out")
-        if fixed > 1 and model.moe is not None and model.moe.n_experts % fixed:
-            raise ConfigError(f"--ep: {fixed} does not divide the {model.moe.n_experts} experts of {model.name}; use a "
-                              "divisor of them")
-        return (fixed,)
-    if model.moe is None:
-        return (1,)
-    return tuple(ep for ep in divisors(gpus) if model.moe.n_experts % ep == 0)
-
-
 def context_degrees(seq_len: int, candidates: Iterable[int]) -> tuple[int, ...]:
     """The context-parallel degrees the search tries: those leaving each rank at least
     ``MIN_CONTEXT_SHARD_TOKENS`` of a sequence (1 always)."""
@@ -387,4 +369,4 @@ def build_space(
 
 
 __all__ = ["CP", "EP", "MICRO_BATCH", "MODELLED_STAGES", "PRECISION", "TP", "ZERO_STAGE", "Point", "SearchSpace",
-           "build_space", "context_degrees", "divisors", "expert_degrees", "layout_degrees", "layout_refusal"]
+           "build_space", "context_degrees", "divisors", "layout_degrees", "layout_refusal"]

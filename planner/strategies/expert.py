@@ -38,6 +38,25 @@ def check_expert_parallel(model: ModelConfig, dims: ParallelDims) -> None:
                           "ep that divides n_experts")
 
 
+def expert_degrees(model: ModelConfig, gpus: int, fixed: int | None) -> tuple[int, ...]:
+    """The expert-parallel degrees a request allows: ``--ep`` if given (checked against the model
+    and the GPUs, the error naming the flag), else every degree dividing both the GPUs and the
+    experts of a model with MoE blocks (1 for a dense model); ``search.space.SearchSpace.allows`` keeps those
+    that divide a point's data-parallel ranks under FSDP2."""
+    if fixed is not None:
+        if fixed <= 0 or gpus % fixed:
+            raise ConfigError(f"--ep: {fixed} must be a positive divisor of the {gpus} GPUs (--gpus)")
+        if fixed > 1 and model.moe is None:
+            raise ConfigError(f"--ep: {model.name} has no mixture-of-experts blocks to split; leave --ep out")
+        if fixed > 1 and model.moe is not None and model.moe.n_experts % fixed:
+            raise ConfigError(f"--ep: {fixed} does not divide the {model.moe.n_experts} experts of {model.name}; use a "
+                              "divisor of them")
+        return (fixed,)
+    if model.moe is None:
+        return (1,)
+    return tuple(ep for ep in range(1, gpus + 1) if gpus % ep == 0 and model.moe.n_experts % ep == 0)
+
+
 def shard_experts(desc: ModelDesc, ep: int, ranks_per_node: int) -> ModelDesc:
     """One expert-parallel rank's description: its E/ep experts, the rows exchanged around them."""
     if ep == 1:
