@@ -110,7 +110,7 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
               ) -> tuple[list[OpDesc], list[tuple[str, str]], str]:
     """Block ``b``'s ops (taking the residual stream ``x``), its frame holds, and its output."""
     m = model
-    n, k, h, d = m.n_heads, m.kv_heads, m.head_dim, m.d_model
+    n, d = m.n_heads, m.d_model
     p = f"blocks.{b}"
     ops: list[OpDesc] = []
     holds: list[tuple[str, str]] = []
@@ -120,21 +120,13 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
         return op.name
 
     normed = add(_norm(m, f"{p}.attn_norm", b, x))
-    q = add(_linear(f"{p}.attn.q_proj", b, normed, d, n * h, bool(m.qkv_bias), TpRole.COLWISE))
-    q = add(_qk_norm(m, f"{p}.attn.q_norm", b, q, n)) if m.qk_norm not in (None, QkNorm.NONE) else q
-    kk = add(_linear(f"{p}.attn.k_proj", b, normed, d, k * h, bool(m.qkv_bias), TpRole.COLWISE))
-    kk = add(_qk_norm(m, f"{p}.attn.k_norm", b, kk, k)) if m.qk_norm not in (None, QkNorm.NONE) else kk
-    v = add(_linear(f"{p}.attn.v_proj", b, normed, d, k * h, bool(m.qkv_bias), TpRole.COLWISE))
-    qk: tuple[str, ...] = (q, kk)
-    if rope is not None:
-        qk = (add(_simple(f"{p}.attn.rotary", OpKind.ROTARY, b, q, kk, rope, tp=TpRole.LOCAL)),)
-    eager = m.attention is AttentionImpl.EAGER
-    core_fields: dict[str, object] = {"n_heads": n, "n_kv_heads": k, "head_dim": h, "dropout": m.dropout,
-                                      "attention_kernel": m.attention_kernel}
-    core = add(OpDesc(name=f"{p}.attn.core", kind=OpKind.ATTENTION_EAGER if eager else OpKind.ATTENTION_FLASH,
-                      inputs=(*qk, v) + ((mask,) if eager and mask is not None else ()), block=b,
-                      fields=tuple(sorted(core_fields.items())), tp=TpRole.HEADS))
-    attn = add(_linear(f"{p}.attn.o_proj", b, core, n * h, d, bool(m.attn_out_bias), TpRole.ROWWISE))
+    if m.mla is not None:
+        attn_ops, attn_holds, core = mla_attention_ops(m, b, normed, rope)
+        ops.extend(attn_ops)
+        holds.extend(attn_holds)
+        attn = add(_linear(f"{p}.attn.o_proj", b, core, n * m.mla.v_head_dim, d, bool(m.attn_out_bias), TpRole.ROWWISE))
+    else:
+        attn = add(_mha_ops(m, b, normed, rope, mask, ops))
     holds.append((normed, attn))  # Attention.forward's argument
     if m.dropout > 0:
         attn = add(_simple(f"{p}.attn_dropout", OpKind.DROPOUT, b, attn, dropout=m.dropout))
@@ -160,6 +152,93 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
         mlp = add(_simple(f"{p}.mlp_dropout", OpKind.DROPOUT, b, mlp, dropout=m.dropout))
     out = add(_simple(f"{p}.mlp_residual", OpKind.RESIDUAL_ADD, b, x, mlp))
     return ops, holds, out
+
+
+def _mha_ops(m: ModelConfig, b: int, normed: str, rope: str | None, mask: str | None, ops: list[OpDesc]) -> OpDesc:
+    """Multi-head (grouped-query) attention's q, k, v, [q/k norms], [rotary], core into ``ops``;
+    returns its o_proj (not yet added)."""
+    n, k, h, d = m.n_heads, m.kv_heads, m.head_dim, m.d_model
+    p = f"blocks.{b}"
+
+    def add(op: OpDesc) -> str:
+        ops.append(op)
+        return op.name
+
+    q = add(_linear(f"{p}.attn.q_proj", b, normed, d, n * h, bool(m.qkv_bias), TpRole.COLWISE))
+    q = add(_qk_norm(m, f"{p}.attn.q_norm", b, q, n)) if m.qk_norm not in (None, QkNorm.NONE) else q
+    kk = add(_linear(f"{p}.attn.k_proj", b, normed, d, k * h, bool(m.qkv_bias), TpRole.COLWISE))
+    kk = add(_qk_norm(m, f"{p}.attn.k_norm", b, kk, k)) if m.qk_norm not in (None, QkNorm.NONE) else kk
+    v = add(_linear(f"{p}.attn.v_proj", b, normed, d, k * h, bool(m.qkv_bias), TpRole.COLWISE))
+    qk: tuple[str, ...] = (q, kk)
+    if rope is not None:
+        qk = (add(_simple(f"{p}.attn.rotary", OpKind.ROTARY, b, q, kk, rope, tp=TpRole.LOCAL)),)
+    eager = m.attention is AttentionImpl.EAGER
+    core_fields: dict[str, object] = {"n_heads": n, "n_kv_heads": k, "head_dim": h, "dropout": m.dropout,
+                                      "attention_kernel": m.attention_kernel}
+    core = add(OpDesc(name=f"{p}.attn.core", kind=OpKind.ATTENTION_EAGER if eager else OpKind.ATTENTION_FLASH,
+                      inputs=(*qk, v) + ((mask,) if eager and mask is not None else ()), block=b,
+                      fields=tuple(sorted(core_fields.items())), tp=TpRole.HEADS))
+    return _linear(f"{p}.attn.o_proj", b, core, n * h, d, bool(m.attn_out_bias), TpRole.ROWWISE)
+
+
+def _slice(name: str, block: int, x: str, keep: int, of: int) -> OpDesc:
+    """A view of ``keep`` of every ``of`` columns of ``x`` (``x[..., a:b]``: no copy)."""
+    return OpDesc(name=name, kind=OpKind.SLICE, inputs=(x,), block=block, tp=TpRole.LOCAL,
+                  fields=(("in_features", of), ("out_features", keep)))
+
+
+def _latent_norm(name: str, block: int, x: str, width: int) -> OpDesc:
+    """MLA's q_a_layernorm / kv_a_layernorm: RMSNorm in fp32, cast back before its weight."""
+    return OpDesc(name=name, kind=OpKind.RMSNORM, inputs=(x,), block=block,
+                  params=(ParamTensor(name=f"{name}.weight", numel=width),),
+                  fields=(("in_features", width), ("variant", OpVariant.NORM_FP32)), tp=TpRole.REPLICATE)
+
+
+def mla_attention_ops(model: ModelConfig, b: int, x: str, rope: str | None
+                      ) -> tuple[list[OpDesc], list[tuple[str, str]], str]:
+    """Block ``b``'s multi-head latent attention up to its core (``validate.mla_model``, in its
+    order): the query (bottleneck or plain), the shared latent and its rotary key (views of one
+    projection), kv_b_proj, rotary on the rope parts, q and k concatenated, v a view; the frame
+    holds of ``MlaAttention.project``'s locals; the core's name."""
+    mla = model.mla
+    assert mla is not None and rope is not None, "multi-head latent attention needs rotary positions"
+    n, d = model.n_heads, model.d_model
+    nope, rdim, vdim, qk = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.qk_head_dim
+    r = mla.kv_lora_rank
+    bias = bool(model.qkv_bias)
+    p = f"blocks.{b}.attn"
+    ops: list[OpDesc] = []
+
+    def add(op: OpDesc) -> str:
+        ops.append(op)
+        return op.name
+
+    if mla.q_lora_rank is None:
+        q = add(_linear(f"{p}.q_proj", b, x, d, n * qk, False, TpRole.COLWISE))
+    else:
+        q = add(_linear(f"{p}.q_a_proj", b, x, d, mla.q_lora_rank, bias, TpRole.REPLICATE))
+        q = add(_latent_norm(f"{p}.q_a_layernorm", b, q, mla.q_lora_rank))
+        q = add(_linear(f"{p}.q_b_proj", b, q, mla.q_lora_rank, n * qk, False, TpRole.COLWISE))
+    latent = add(_linear(f"{p}.kv_a_proj_with_mqa", b, x, d, r + rdim, bias, TpRole.REPLICATE))
+    normed = add(_latent_norm(f"{p}.kv_a_layernorm", b, add(_slice(f"{p}.kv_latent", b, latent, r, r + rdim)), r))
+    kv = add(_linear(f"{p}.kv_b_proj", b, normed, r, n * (nope + vdim), False, TpRole.COLWISE))
+    rot = add(_simple(f"{p}.rotary", OpKind.ROTARY, b, add(_slice(f"{p}.q_rope", b, q, rdim, qk)),
+                      add(_slice(f"{p}.k_rope", b, latent, rdim, r + rdim)), rope, tp=TpRole.LOCAL))
+
+    def concat(name: str, part: str, rope_heads: int) -> str:
+        fields = {"in_features": nope, "out_features": qk, "n_heads": n, "n_kv_heads": rope_heads}
+        return add(OpDesc(name=f"{p}.{name}", kind=OpKind.MLA_CONCAT, inputs=(part, rot), block=b, tp=TpRole.HEADS,
+                          fields=tuple(sorted(fields.items()))))
+
+    q_full = concat("q_concat", add(_slice(f"{p}.q_nope", b, q, nope, qk)), n)
+    k_full = concat("k_concat", add(_slice(f"{p}.k_nope", b, kv, nope, nope + vdim)), 1)
+    v = add(_slice(f"{p}.value", b, kv, vdim, nope + vdim))
+    core_fields: dict[str, object] = {"n_heads": n, "n_kv_heads": n, "head_dim": qk, "v_head_dim": vdim,
+                                      "dropout": model.dropout, "attention_kernel": model.attention_kernel}
+    core = add(OpDesc(name=f"{p}.core", kind=OpKind.ATTENTION_FLASH, inputs=(q_full, k_full, v), block=b,
+                      fields=tuple(sorted(core_fields.items())), tp=TpRole.HEADS))
+    # MlaAttention.project's locals (q, the latent, kv, the rotary outputs) live until it returns
+    return ops, [(q, v), (latent, v), (kv, v), (rot, v)], core
 
 
 def _qk_norm(model: ModelConfig, name: str, block: int, x: str, heads: int) -> OpDesc:
@@ -244,7 +323,7 @@ def describe(model: ModelConfig) -> ModelDesc:
         x = add(_simple("embed_dropout", OpKind.DROPOUT, None, x, dropout=m.dropout))
     rope = None
     if m.positions is PositionKind.ROTARY:
-        rope = add(OpDesc(name="rope", kind=OpKind.ROPE_TABLES, fields=(("head_dim", m.head_dim),), shape_of=x))
+        rope = add(OpDesc(name="rope", kind=OpKind.ROPE_TABLES, fields=(("head_dim", m.rope_dim),), shape_of=x))
     mask = None
     if m.attention is AttentionImpl.EAGER:
         mask = add(OpDesc(name="causal_mask", kind=OpKind.CAUSAL_MASK))

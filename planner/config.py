@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from hardware.kernels import AttentionKernel
+from planner.mla_config import MlaConfig
 from planner.moe_config import MoeConfig
 
 
@@ -25,6 +26,7 @@ class Family(StrEnum):
     QWEN2_MOE = "qwen2_moe"  # Qwen2 with MoE MLPs, a gated shared expert
     QWEN3_MOE = "qwen3_moe"  # per-head q/k RMSNorm, no biases, MoE MLPs
     OLMOE = "olmoe"  # q/k RMSNorm over all heads, MoE MLPs
+    DEEPSEEK_V3 = "deepseek_v3"  # multi-head latent attention, sigmoid group-limited router, dense first blocks
 
 
 class NormKind(StrEnum):
@@ -115,7 +117,8 @@ _FAMILY_DEFAULTS[Family.MIXTRAL] = dict(_FAMILY_DEFAULTS[Family.MISTRAL])
 _FAMILY_DEFAULTS[Family.QWEN2_MOE] = dict(_FAMILY_DEFAULTS[Family.QWEN2])
 _FAMILY_DEFAULTS[Family.QWEN3_MOE] = dict(_FAMILY_DEFAULTS[Family.QWEN2], qkv_bias=False, qk_norm=QkNorm.HEAD)
 _FAMILY_DEFAULTS[Family.OLMOE] = dict(_FAMILY_DEFAULTS[Family.LLAMA], qk_norm=QkNorm.FULL)
-MOE_FAMILIES = frozenset({Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.OLMOE})
+_FAMILY_DEFAULTS[Family.DEEPSEEK_V3] = dict(_FAMILY_DEFAULTS[Family.LLAMA], norm_eps=1e-6)
+MOE_FAMILIES = frozenset({Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.OLMOE, Family.DEEPSEEK_V3})
 
 
 class ModelConfig(BaseModel):
@@ -151,6 +154,10 @@ class ModelConfig(BaseModel):
     qk_norm: QkNorm | None = Field(default=None, description="RMSNorm on q and k: none, head (Qwen3) or full (OLMoE)")
     moe: MoeConfig | None = Field(default=None, description="mixture-of-experts MLPs (planner.moe_config); "
                                   "None: every block dense")
+    mla: MlaConfig | None = Field(
+        default=None, description="multi-head latent attention (planner.mla_config; DeepSeek-V2/V3) in place of q/k/v "
+        "projections: qkv_bias then sets q_a_proj's and kv_a_proj_with_mqa's biases (DeepSeek's attention_bias); "
+        "None: plain multi-head attention")
     rope_theta: float = Field(default=10000.0, gt=0)
     attention: AttentionImpl = Field(default=AttentionImpl.FLASH, description="flash (fused SDPA) or eager")
     attention_kernel: AttentionKernel | None = Field(
@@ -192,6 +199,11 @@ class ModelConfig(BaseModel):
     def head_dim(self) -> int:
         """H: ``attention_head_dim``, else D / N."""
         return self.attention_head_dim or self.d_model // self.n_heads
+
+    @property
+    def rope_dim(self) -> int:
+        """The rotated dims of each query/key head: MLA's qk_rope_head_dim, else H."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
 
     @property
     def position_rows(self) -> int:
@@ -237,6 +249,10 @@ def shape_problems(values: Mapping[str, Any]) -> list[str]:
     positions = values.get("positions")
     problems = []
     explicit = size("attention_head_dim")
+    mla = values.get("mla")
+    if mla is not None:
+        problems.extend(_mla_problems(values, n, k))
+        d = None  # MLA's head dims are its own: d_model need not split into heads
     if explicit:
         d = explicit * n if n else None  # the rotary check below reads H = d / n
     if d and n and d % n:
@@ -255,10 +271,31 @@ def shape_problems(values: Mapping[str, Any]) -> list[str]:
         get = moe.get if isinstance(moe, Mapping) else moe.__dict__.get
         if get("expert_bias"):
             problems.append("moe.expert_bias: experts with biases (gpt-oss) are not modelled yet; set it false")
+    if family in (Family.DEEPSEEK_V3, Family.DEEPSEEK_V3.value) and mla is None:
+        problems.append("mla: family deepseek_v3 has multi-head latent attention; add an mla section (kv_lora_rank, "
+                        "qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank)")
     if family in MOE_FAMILIES and moe is None:
         problems.append(f"moe: family {family} has mixture-of-experts MLPs; add a moe section (n_experts, top_k, "
                         "d_ff_expert)")
     problems.extend(implementation_problems(values))
+    return problems
+
+
+def _mla_problems(values: Mapping[str, Any], n: int | None, k: int | None) -> list[str]:
+    """What multi-head latent attention cannot be combined with."""
+    problems = []
+    if values.get("positions") not in (PositionKind.ROTARY, PositionKind.ROTARY.value):
+        problems.append("mla: multi-head latent attention rotates qk_rope_head_dim dims; use positions: rotary")
+    if n and k and n != k:
+        problems.append(f"n_kv_heads: multi-head latent attention expands keys and values to every head; set n_kv_heads "
+                        f"to n_heads ({n}) or drop it")
+    if values.get("attention_head_dim") is not None:
+        problems.append("attention_head_dim: multi-head latent attention sets its head dims in mla; drop attention_head_dim")
+    if values.get("qk_norm") not in (None, QkNorm.NONE, QkNorm.NONE.value):
+        problems.append("qk_norm: multi-head latent attention norms its latents, not q and k; set qk_norm: none")
+    if values.get("attention") in (AttentionImpl.EAGER, AttentionImpl.EAGER.value):
+        problems.append("attention: eager attention with mla is not modelled yet (query/key and value head dims differ); "
+                        "use attention: flash")
     return problems
 
 
@@ -280,6 +317,9 @@ def implementation_problems(values: Mapping[str, Any]) -> list[str]:
     if impl not in (None, Implementation.REFERENCE) and values.get("moe") is not None:
         problems.append(f"implementation: {impl.value}'s mixture-of-experts blocks (grouped_mm experts, sort-based "
                         "dispatch) are not priced yet; use implementation reference")
+    if impl not in (None, Implementation.REFERENCE) and values.get("mla") is not None:
+        problems.append(f"implementation: {impl.value}'s multi-head latent attention is not priced yet; use "
+                        "implementation reference")
     if impl is Implementation.TORCHTITAN and values.get("family") not in (Family.LLAMA, Family.LLAMA.value):
         problems.append(f"implementation: torchtitan is priced for family llama only (torchtitan 0.3.0's "
                         f"Llama3Model), not {values.get('family')}; use implementation hf or reference")

@@ -187,13 +187,15 @@ def _upcast_peak(upcast: list[int], compute: list[int]) -> int:
 
 
 def fsdp_static(layout: FsdpLayout, state_tensors_per_param: int, step_temporaries_per_param: int,
-                device_step_scalar: bool, data_bytes: int, round_bytes: Callable[[int], int]) -> StaticMemory:
-    """Rank 0 between steps: padded shards, optimizer state of its (largest) local shards, batch."""
+                device_step_scalar: bool, data_bytes: int, round_bytes: Callable[[int], int],
+                buffers: int = 0) -> StaticMemory:
+    """Rank 0 between steps: padded shards (and the model's whole buffers), optimizer state of its
+    (largest) local shards, batch."""
     shards = sum(u.sharded_bytes for u in layout.units)
     n_tensors = sum(len(u.params) for u in layout.units)
     scalars = round_bytes(4) * n_tensors if device_step_scalar and state_tensors_per_param else 0
     return StaticMemory(
-        params_bytes=shards,
+        params_bytes=shards + buffers,
         optimizer_bytes=state_tensors_per_param * shards + scalars,
         data_bytes=data_bytes,
         grads_bytes=sum(u.sharded_grad_bytes for u in layout.units),

@@ -100,6 +100,13 @@ class LayerGraph:
         return specs
 
     @cached_property
+    def buffer_bytes(self) -> tuple[int, ...]:
+        """Buffers the model registers beside its parameters (not trained, never sharded): DeepSeek-V3's
+        (E,) fp32 ``e_score_correction_bias`` of each MoE block."""
+        return tuple(4 * op.spec.moe.n_experts for op in self.nodes
+                     if op.spec.kind is OpKind.MOE_ROUTE and op.spec.moe is not None and op.spec.moe.score_correction_bias)
+
+    @cached_property
     def n_params(self) -> int:
         return sum(self.param_tensors.values())
 

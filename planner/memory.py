@@ -82,6 +82,11 @@ def recomputed_by_unit(graph: LayerGraph, units: dict[int, int]) -> dict[int, fr
     return out
 
 
+def buffer_bytes(graph: LayerGraph, round_bytes: Callable[[int], int]) -> int:
+    """The model's buffers (``LayerGraph.buffer_bytes``), each its own allocation."""
+    return sum(round_bytes(n) for n in graph.buffer_bytes)
+
+
 def static_memory(
     graph: LayerGraph,
     round_bytes: Callable[[int], int],
@@ -93,13 +98,13 @@ def static_memory(
 ) -> StaticMemory:
     """Parameters, optimizer state, the data batch and the optimizer's step temporaries.
 
-    Each parameter tensor is its own allocation (rounded); optimizer state mirrors every
-    parameter tensor in the parameter dtype; the batch is int64 ids and targets for the
+    Each parameter tensor is its own allocation (rounded), and so is each buffer (counted with the
+    parameters); optimizer state mirrors every parameter tensor in the parameter dtype; the batch is int64 ids and targets for the
     sequences this device holds per step, ``data_seq_len`` tokens each (default the graph's).
     """
     precision = graph.precision
     tensors = graph.param_tensors.values()
-    params = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors)
+    params = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors) + buffer_bytes(graph, round_bytes)
     state_one = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors)
     scalars = round_bytes(4) * len(graph.param_tensors) if device_step_scalar and state_tensors_per_param else 0
     grads = sum(round_bytes(n * precision.grad_dtype.n_bytes) for n in graph.grad_tensors.values())

@@ -7,13 +7,27 @@ summed weighted by the router's probabilities; shared experts (one MLP of inner 
 transformers' configs (``num_local_experts``/``num_experts``, ``num_experts_per_tok``,
 ``moe_intermediate_size``, ``shared_expert_intermediate_size``, ``norm_topk_prob``,
 ``router_aux_loss_coef``, ``decoder_sparse_step``, ``first_k_dense_replace``).
+
+DeepSeek-V3's router (transformers 5.24.0 ``DeepseekV3TopkRouter``) scores with a sigmoid instead
+of a softmax, adds a per-expert correction bias (``e_score_correction_bias``: a buffer, not a
+parameter) to the scores it chooses by, keeps only the ``topk_group`` best of ``n_group`` expert
+groups (a group's score: the sum of its two best), and multiplies the chosen weights by
+``routed_scaling_factor``.
 """
 
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+
+
+class RouterScoring(StrEnum):
+    """How the router turns logits into routing weights (transformers' ``scoring_func``)."""
+
+    SOFTMAX = "softmax"  # Mixtral, Qwen-MoE, OLMoE: softmax over the experts
+    SIGMOID = "sigmoid"  # DeepSeek-V3: each expert's sigmoid, chosen by score + correction bias
 
 
 class MoeConfig(BaseModel):
@@ -32,6 +46,14 @@ class MoeConfig(BaseModel):
     norm_topk_prob: bool = Field(default=True, description="renormalize the k routing weights to sum to 1")
     router_bias: bool = Field(default=False, description="the router linear has a bias (gpt-oss)")
     expert_bias: bool = Field(default=False, description="the experts' projections have biases (gpt-oss)")
+    scoring: RouterScoring = Field(default=RouterScoring.SOFTMAX, description="softmax or sigmoid (DeepSeek-V3: "
+                                   "an fp32 sigmoid, chosen by score + e_score_correction_bias)")
+    score_correction_bias: bool = Field(default=False, description="an (E,) fp32 buffer added to the scores the "
+                                        "experts are chosen by (DeepSeek-V3's e_score_correction_bias); sigmoid only")
+    n_group: PositiveInt = Field(default=1, description="expert groups for group-limited routing (DeepSeek-V3's n_group)")
+    topk_group: PositiveInt = Field(default=1, description="groups a token's experts may come from (topk_group)")
+    routed_scaling_factor: float = Field(default=1.0, gt=0.0, description="the routed experts' weights are "
+                                         "multiplied by it (DeepSeek-V3: 2.5); 1: no multiply")
     first_dense_layers: NonNegativeInt = Field(
         default=0, description="the first blocks keep a dense MLP of d_ff (DeepSeek's first_k_dense_replace)")
     every: PositiveInt = Field(default=1, description="block i is sparse when (i + 1) % every == 0 "
@@ -52,7 +74,27 @@ class MoeConfig(BaseModel):
                              "routed to at most every expert")
         if self.shared_gate and not self.shared_d_ff:
             raise ValueError("moe.shared_gate gates the shared experts: set moe.shared_d_ff too")
+        self._check_groups()
         return self
+
+    def _check_groups(self) -> None:
+        e, g = self.n_experts, self.n_group
+        if self.scoring is RouterScoring.SOFTMAX and (g > 1 or self.score_correction_bias):
+            raise ValueError("moe.n_group / moe.score_correction_bias: group-limited routing and the correction bias "
+                             "are DeepSeek-V3's sigmoid router's; set moe.scoring: sigmoid or drop them")
+        if self.scoring is RouterScoring.SIGMOID and self.aux_loss_coef:
+            raise ValueError("moe.aux_loss_coef: the sigmoid router (DeepSeek-V3) adds no load-balancing loss in "
+                             "transformers (it balances with e_score_correction_bias); set it to 0")
+        if e % g:
+            raise ValueError(f"moe.n_group ({g}) must divide moe.n_experts ({e})")
+        if g > 1 and e // g < 2:
+            raise ValueError(f"moe.n_group: a group's score is the sum of its two best experts; {e} experts in {g} "
+                             "groups leave fewer than two per group")
+        if self.topk_group > g:
+            raise ValueError(f"moe.topk_group ({self.topk_group}) exceeds moe.n_group ({g})")
+        if self.top_k > self.topk_group * (e // g):
+            raise ValueError(f"moe.top_k ({self.top_k}) exceeds the {self.topk_group * (e // g)} experts of the "
+                             f"topk_group ({self.topk_group}) groups a token may use")
 
     def is_sparse(self, block: int) -> bool:
         """Whether block ``block`` (0-based) has the MoE MLP."""

@@ -5,6 +5,10 @@ backward) has no formula in FlopCounterMode and would count 0 (REFERENCES.md). W
 with the same convention as torch's own SDPA formulas (torch/utils/flop_counter.py
 ``sdpa_flop_count``): QK^T and PV at 2 FLOPs per multiply-add over the full T x S square,
 backward = 2 x forward. Grouped-query attention is counted over the query heads.
+
+The memory-efficient kernel's backward (run where query/key and value head dims differ: MLA) has
+torch's formula, which adds the scores' recomputation (2 T S (3 d_q + 2 d_v) per head); it is
+counted here by the same convention as the others: 2 x forward.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def cpu_attention_flop_formulas() -> dict[Any, Any]:
     return {
         ops._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_forward,
         ops._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
+        ops._scaled_dot_product_efficient_attention_backward: _cpu_flash_backward,
     }
 
 

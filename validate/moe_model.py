@@ -10,9 +10,15 @@ The block runs, in order (the planner's graph, ``planner.blocks``, names each op
 ``slots`` (which token each of the E C expert rows holds), ``dispatch`` (index_select the tokens
 into an (E C, D) buffer), the experts as three batched matmuls over (E, C, .) with SwiGLU between
 (``torch.bmm``: the grouped GEMM with equal groups), the ``router`` linear, ``route`` (fp32
-softmax, the chosen probabilities, renormalized if ``norm_topk_prob``, in slot order) and
+softmax, or DeepSeek-V3's fp32 sigmoid, the chosen probabilities, renormalized if
+``norm_topk_prob``, times ``routed_scaling_factor``, in slot order) and
 ``combine`` (weight each row, index_add into (N, D)); shared experts (a dense SwiGLU MLP on every
 token, optionally times ``sigmoid(shared_gate(x))``) are added last.
+
+DeepSeek-V3's router (transformers 5.24.0 ``DeepseekV3TopkRouter``) chooses its experts by
+sigmoid score + ``e_score_correction_bias`` within the ``topk_group`` best of ``n_group`` groups;
+that choice (indices only: no gradient, no FLOPs counted) is replaced by the balanced routing, as
+the softmax routers' top-k is. The bias is registered as the (E,) fp32 buffer it is there.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import ConfigError
-from planner.moe_config import MoeConfig
+from planner.moe_config import MoeConfig, RouterScoring
 
 
 class Fp32RMSNorm(nn.Module):
@@ -141,6 +147,8 @@ class MoE(nn.Module):
         self.router = nn.Linear(d_model, moe.n_experts, bias=moe.router_bias)
         self.shared_expert = SharedExpert(d_model, moe.shared_d_ff) if moe.shared_d_ff else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if moe.shared_gate else None
+        if moe.score_correction_bias:  # DeepSeek-V3's e_score_correction_bias: a buffer (E,) fp32, kept in fp32
+            self.register_buffer("e_score_correction_bias", torch.zeros(moe.n_experts, dtype=torch.float32))
         # where the forward puts its load-balancing loss (aux_loss_coef > 0): a list the model's
         # forward owns, None outside it, so a checkpoint's recompute (in the backward) keeps none
         self.aux_sink: list[torch.Tensor] | None = None
@@ -165,14 +173,21 @@ class MoE(nn.Module):
         moe = self.moe
         n = logits.numel() // moe.n_experts
         choice = (torch.arange(n * moe.top_k, device=logits.device) % moe.n_experts).view(n, moe.top_k)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32).view(n, moe.n_experts)
+        if moe.scoring is RouterScoring.SIGMOID:  # DeepSeek-V3: each expert's sigmoid, in fp32
+            probs = torch.sigmoid(logits.float()).view(n, moe.n_experts)
+        else:
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32).view(n, moe.n_experts)
         if moe.aux_loss_coef and self.aux_sink is not None:
             # Switch Transformer's E sum_e f_e P_e, f_e the share of rows expert e takes (1/E here),
             # P_e its mean probability: coef * sum_e P_e
             self.aux_sink.append(moe.aux_loss_coef * probs.mean(0).sum())
         weights = probs.gather(1, choice)
-        if moe.norm_topk_prob:
+        if moe.norm_topk_prob and moe.scoring is RouterScoring.SIGMOID:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        elif moe.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if moe.routed_scaling_factor != 1.0:
+            weights = weights * moe.routed_scaling_factor
         order = torch.arange(n * moe.top_k, device=logits.device).view(self.rows(n), moe.n_experts).t().reshape(-1)
         return weights.view(-1).index_select(0, order)
 

@@ -28,6 +28,7 @@ from einops import rearrange, repeat
 from torch import nn
 
 from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind, QkNorm
+from validate.mla_model import MlaAttention
 from validate.moe_model import Fp32RMSNorm, MoE
 
 
@@ -89,6 +90,11 @@ class AttentionCore(nn.Module):
         self.groups = config.n_heads // config.kv_heads
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.checkpointed = False  # Korthikanti's selective recompute: this core alone under checkpoint
+        # query/key and value head dims differ (MLA): a GPU's SDPA runs the memory-efficient kernel
+        # (flash needs equal dims); the CPU's falls back to the math kernel. Simulations set this to
+        # call the memory-efficient kernel's op directly (its fake kernel runs on any device)
+        self.dims_differ = config.mla is not None and config.mla.qk_head_dim != config.mla.v_head_dim
+        self.efficient_kernel = False
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -101,7 +107,9 @@ class AttentionCore(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         p_drop = self.dropout if self.training else 0.0
-        if self.impl is AttentionImpl.FLASH:
+        if self.impl is AttentionImpl.FLASH and self.efficient_kernel and self.dims_differ and not p_drop:
+            out = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, q.requires_grad, 0.0, True)[0]
+        elif self.impl is AttentionImpl.FLASH:
             out = F.scaled_dot_product_attention(
                 q, k, v, dropout_p=p_drop, is_causal=True, enable_gqa=self.groups > 1
             )
@@ -191,7 +199,7 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, index: int = 0, ep: int = 1) -> None:
         super().__init__()
         self.attn_norm = make_norm(config)
-        self.attn = Attention(config)
+        self.attn: nn.Module = MlaAttention(config, AttentionCore(config), Rotary()) if config.mla else Attention(config)
         self.attn_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.mlp_norm = make_norm(config)
         sparse = config.moe is not None and config.moe.is_sparse(index)
@@ -263,7 +271,7 @@ class Transformer(nn.Module):
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of shape (T, H) at ``positions`` (fp32, the tokens' places in their
         sequence), built once per forward in fp32 and cast to the activations' dtype."""
-        h = self.config.head_dim
+        h = self.config.rope_dim
         inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, h, 2, device=positions.device,
                                                                   dtype=torch.float32) / h))
         angles = torch.outer(positions, inv_freq)

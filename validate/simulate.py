@@ -51,10 +51,14 @@ def as_on_a_gpu(net: torch.nn.Module) -> bool:
     SDPA drops to the math kernel, which saves the B x N x T x T probabilities and mask; flash
     attention on CUDA regenerates its dropout mask in the backward from a saved RNG state (Dao
     2023, FlashAttention-2, section 3.1). So the fused attention runs without dropout here; its
-    saved bytes are then what the GPU keeps, but for a few bytes of RNG state. Returns whether any
-    module changed (the report then says so)."""
+    saved bytes are then what the GPU keeps, but for a few bytes of RNG state. Where query/key and
+    value head dims differ (MLA), the CPU's SDPA takes the math kernel (T x T probabilities kept) and
+    a GPU's the memory-efficient one: the core calls that kernel's op directly. Returns whether
+    dropout was removed (the report then says so)."""
     changed = False
     for module in net.modules():
+        if isinstance(module, AttentionCore):
+            module.efficient_kernel = True  # query/key and value head dims differ (MLA): see AttentionCore
         if isinstance(module, AttentionCore) and module.impl is AttentionImpl.FLASH and module.dropout > 0:
             module.dropout = 0.0
             changed = True

@@ -17,8 +17,14 @@ from planner.ops.registry import register
 
 
 def _attention_flops(spec: LayerSpec, ctx: OpContext) -> float:
-    """2 matmuls of B*N x T x T x H: 4*B*N*T^2*H."""
-    return 4.0 * ctx.batch * spec.n_heads * ctx.seq_len * ctx.seq_len * spec.head_dim
+    """QK^T over the query/key head dim H and PV over the value head dim V (H unless MLA sets
+    ``v_head_dim``): 2*B*N*T^2*(H + V), 4*B*N*T^2*H when they are equal."""
+    return 2.0 * ctx.batch * spec.n_heads * ctx.seq_len * ctx.seq_len * (spec.head_dim + _v_dim(spec))
+
+
+def _v_dim(spec: LayerSpec) -> int:
+    """The value heads' size: ``v_head_dim`` where set (MLA), else the query/key head dim."""
+    return spec.v_head_dim or spec.head_dim
 
 
 @register(OpKind.ROTARY)
@@ -60,13 +66,22 @@ def flash_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     scores (Korthikanti's 5as/h term disappears). The output is laid out (B, T, N, H), so the
     merge of heads before ``o_proj`` is a view. Backward keeps an fp32 dq accumulator
     (B, T, N, H) and, with GQA, expanded dk/dv of N heads before they are summed to K.
+
+    Where the value head dim V differs from the query/key one H (MLA: H = nope + rope), FlashAttention
+    cannot run and SDPA takes the memory-efficient kernel (xFormers' cutlass kernel in
+    aten/src/ATen/native/transformers/cuda/attention.cu): it saves q, k, v, the output (B, N, T, V),
+    again laid out (B, T, N, V), and an fp32 log-sum-exp padded to a multiple of 32 rows
+    (B, N, ceil(T/32) 32); its backward writes dq, dk and dv directly (torch 2.13's fake kernel
+    allocates nothing else; the CUDA kernel's workspace is not modelled).
     """
     dtype = promote(*(t.dtype for t in ctx.inputs))
     bnt = ctx.batch * spec.n_heads * ctx.seq_len
-    out = TensorInfo(numel=bnt * spec.head_dim, dtype=dtype)
+    efficient = _v_dim(spec) != spec.head_dim
+    out = TensorInfo(numel=bnt * _v_dim(spec), dtype=dtype)
     flops = _attention_flops(spec, ctx)
     io_bytes = sum(t.n_bytes for t in ctx.inputs) + out.n_bytes
-    bwd_transient = out.numel * 4 + bnt * 4
+    lse = ctx.batch * spec.n_heads * -(-ctx.seq_len // 32) * 32 * 4 if efficient else bnt * 4
+    bwd_transient = 0 if efficient else out.numel * 4 + bnt * 4
     if spec.n_kv_heads < spec.n_heads:
         bwd_transient += 2 * out.n_bytes
     return LayerCost(
@@ -76,15 +91,15 @@ def flash_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         exec_bwd_flops=2.5 * flops / 2,
         attention=AttentionShape(seq_len=ctx.seq_len, head_dim=spec.head_dim, causal=True, fused=True,
                                  kernel=spec.attention_kernel),
-        fwd_bytes_moved=io_bytes + bnt * 4,
-        bwd_bytes_moved=2 * io_bytes + out.n_bytes + bnt * 8,
+        fwd_bytes_moved=io_bytes + lse,
+        bwd_bytes_moved=2 * io_bytes + out.n_bytes + 2 * lse,
         fwd_kernels=1,
         bwd_kernels=3,
         matmul=True,
         output=out,
         saves_inputs=tuple(True for _ in ctx.inputs),
         saves_output=True,
-        saved_extra_bytes=(bnt * 4,),
+        saved_extra_bytes=(lse,),
         extras_are_outputs=True,  # the log-sum-exp: the kernel's second output
         bwd_transient_bytes=bwd_transient,
     )

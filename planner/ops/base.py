@@ -53,6 +53,9 @@ class OpKind(StrEnum):
     # expert parallelism (planner.strategies.expert)
     ALL_TO_ALL = "all_to_all"  # expert rows exchanged with the expert-parallel group
     PERMUTE_ROWS = "permute_rows"  # received rows regrouped by expert (or back by source rank): a copy
+    # multi-head latent attention (planner.ops.mla)
+    SLICE = "slice"  # a view of some columns of a projection's output (no copy)
+    MLA_CONCAT = "mla_concat"  # q = cat(q_nope, q_rope), k = cat(k_nope, k_rope expanded over heads)
 
 
 class OpVariant(StrEnum):
@@ -134,6 +137,7 @@ class LayerSpec(BaseModel):
     n_heads: int = 0
     n_kv_heads: int = 0
     head_dim: int = 0
+    v_head_dim: int = 0  # attention: the value heads' size where it differs from head_dim (MLA); 0: head_dim
     dropout: float = 0.0
     attention_kernel: AttentionKernel | None = None  # the fused kernel named by the model; None: the device's
     group_size: int = 1  # collectives and sharded ops: ranks of the parallel group

@@ -12,6 +12,7 @@ from planner.ops import (  # noqa: F401  (registers them; impl_*: other implemen
     impl_ops,
     linear,
     loss,
+    mla,
     moe,
     norm,
 )

@@ -10,7 +10,7 @@ and elementwise products); their time is the bytes they move.
 from __future__ import annotations
 
 from hardware.dtypes import DType
-from planner.moe_config import MoeConfig
+from planner.moe_config import MoeConfig, RouterScoring
 from planner.ops.base import AllocSequence, LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
 from planner.ops.registry import register
 
@@ -56,16 +56,21 @@ def moe_dispatch_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
 @register(OpKind.MOE_ROUTE)
 def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     """Routing weights of the expert rows, fp32 (R,), from the router logits (N, E):
-    ``softmax(logits, fp32)`` (a fp32 copy of low-precision logits first; the probabilities are
-    saved), ``gather`` of the k chosen experts (saves its int64 (N, k) index, built by an arange
-    and a remainder), renormalized by their sum if ``norm_topk_prob`` (``div`` saves both
-    operands: (N, k) and (N, 1)), then ``index_select`` into row order (saves its (R,) index,
+    ``softmax(logits, fp32)`` or, for DeepSeek-V3's router, ``sigmoid(logits.float())`` (a fp32
+    copy of low-precision logits first; the scores are saved), ``gather`` of the k chosen experts
+    (saves its int64 (N, k) index, built by an arange and a remainder), renormalized by their sum
+    if ``norm_topk_prob`` (``div`` saves both operands: (N, k) and (N, 1); the sigmoid router adds
+    1e-20 to the sum first, an (N, 1) temporary), times ``routed_scaling_factor`` unless it is 1
+    (a new (N, k), nothing saved), then ``index_select`` into row order (saves its (R,) index,
     an arange's transposed copy). With ``aux_loss_coef`` the load-balancing loss reads the
     probabilities (``coef * probs.mean(0).sum()``: an (E,) mean and scalars, kept by no node).
+    DeepSeek-V3's choice of experts (scores + e_score_correction_bias, group-limited top-k:
+    indices only, no gradient, no FLOPs) is replaced by the fixed balanced routing, as the softmax
+    routers' top-k is; its (N, E) temporaries are not modelled.
 
-    Backward, per node: index_add into (N k), div's two gradients, gather's scatter into a zeroed
-    (N, E), the load-balancing loss's (N, E) gradient added to it, softmax's fp32 gradient, cast
-    back to the logits' dtype.
+    Backward, per node: index_add into (N k), the scaling's product, div's two gradients,
+    gather's scatter into a zeroed (N, E), the load-balancing loss's (N, E) gradient added to it,
+    the softmax's (or sigmoid's) fp32 gradient, cast back to the logits' dtype.
     """
     moe = _moe(spec)
     logits = ctx.inputs[0]
@@ -84,15 +89,24 @@ def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     if moe.aux_loss_coef:
         seq.alloc(f32 * e).alloc(f32).free(f32 * e).alloc(f32).free(2 * f32)  # mean, sum, times coef
     seq.alloc(chosen)
+    sigmoid = moe.scoring is RouterScoring.SIGMOID
+    scaled = moe.routed_scaling_factor != 1.0
     if moe.norm_topk_prob:
-        seq.alloc(f32 * n).alloc(chosen)  # sum, quotient
+        seq.alloc(f32 * n)  # sum
+        if sigmoid:
+            seq.alloc(f32 * n).free(f32 * n)  # + 1e-20; the sum dies
+        seq.alloc(chosen)  # quotient
         extras += [chosen, f32 * n]
+    if scaled:
+        seq.alloc(chosen).free(chosen)  # the product; the unscaled weights die unsaved
     seq.alloc(_INDEX * n * k).alloc(row_index).free(_INDEX * n * k)
     extras.append(row_index)
     seq.alloc(out.n_bytes).free(chosen)  # the rows' weights; the (N, k) weights die unsaved
     # backward: the weights' gradient scattered into (N k), div's gradients ((N, k) quotient,
     # (N, k) product, (N, 1) sum), gather's (N, E), the softmax's fp32 gradient, cast back
     back = AllocSequence().alloc(chosen)
+    if scaled:
+        back.alloc(chosen).free(chosen)
     if moe.norm_topk_prob:
         back.alloc(chosen).alloc(chosen).alloc(f32 * n).free(chosen).free(chosen)
     back.alloc(probs).free(chosen)
@@ -108,7 +122,7 @@ def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         bwd_transient_bytes=back.peak,
         fwd_bytes_moved=logits.n_bytes + 3 * probs + 6 * chosen + 3 * row_index + out.n_bytes,
         bwd_bytes_moved=2 * out.n_bytes + 6 * chosen + 4 * probs + logits.n_bytes,
-        fwd_kernels=9, bwd_kernels=8,
+        fwd_kernels=9 + (1 if scaled else 0), bwd_kernels=8 + (1 if scaled else 0),
     )
 
 

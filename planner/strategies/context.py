@@ -44,6 +44,9 @@ def check_context_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims)
         raise ConfigError(f"parallel.cp: context parallelism is modelled for the reference implementation with the "
                           f"plain loss, not {model.implementation.value} with the {effective_loss(model).value} loss; "
                           f"use cp 1 (data parallelism) or implementation: reference")
+    if model.mla is not None:
+        raise ConfigError(f"parallel.cp: context parallelism of {model.name}'s multi-head latent attention (query/key "
+                          "and value head dims differ) is not modelled yet; use cp 1")
     if model.attention is not AttentionImpl.FLASH:
         raise ConfigError(f"parallel.cp: context parallelism runs scaled_dot_product_attention as ring attention; "
                           f"{model.name} uses eager attention: use attention: flash, or cp 1")

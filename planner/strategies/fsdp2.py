@@ -17,6 +17,7 @@ from planner.cache import IdentityCache
 from planner.fsdp import FSDP_PRECISIONS, FsdpLayout, fsdp_communication, fsdp_layout, fsdp_static, shard_fraction
 from planner.graph import LayerGraph
 from planner.knobs import GradSync, Knobs
+from planner.memory import buffer_bytes
 from planner.memory_types import StaticMemory
 from planner.ops.base import ParamTensor
 from planner.optimizer import OptimizerSpec
@@ -84,7 +85,8 @@ class Fsdp2(SingleDevice):
     def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
                base: StaticMemory) -> StaticMemory:
         return fsdp_static(self.layout(graph, knobs, hw), opt.state_tensors_per_param, opt.step_temporaries_per_param,
-                           opt.device_step_scalar, base.data_bytes, hw.round_alloc)
+                           opt.device_step_scalar, base.data_bytes, hw.round_alloc,
+                           buffers=buffer_bytes(graph, hw.round_alloc))
 
     def optimizer_shard_fraction(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
         return shard_fraction(self.layout(graph, knobs, hw), graph.n_params)

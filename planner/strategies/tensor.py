@@ -62,6 +62,9 @@ def check_tensor_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) 
         raise ConfigError(f"parallel.tp: tensor parallelism is modelled for the reference implementation with the "
                           f"plain loss, not {model.implementation.value} with the {effective_loss(model).value} loss; "
                           f"use tp 1 (data parallelism) or implementation: reference")
+    if model.mla is not None:
+        raise ConfigError(f"parallel.tp: tensor parallelism of {model.name}'s multi-head latent attention is not "
+                          "modelled yet; use tp 1 (data parallelism, FSDP2)")
     check_moe_tensor_parallel(model, tp)
     if dims.data_parallel > 1 and not dims.shards_parameters:
         raise ConfigError(f"parallel.tp: tensor parallelism with {dims.data_parallel} data-parallel replicas under DDP "

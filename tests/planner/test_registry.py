@@ -20,7 +20,7 @@ from planner.params import count_params
 from planner.precision import PrecisionPolicy, precision_spec
 from validate.reference_model import build_model
 
-FORMULA_MODULES = ("attention", "collectives", "elementwise", "embedding", "linear", "loss", "moe", "norm")
+FORMULA_MODULES = ("attention", "collectives", "elementwise", "embedding", "linear", "loss", "mla", "moe", "norm")
 
 # Graph nodes of these kinds are modules of the reference model, named as torch names them.
 MODULE_KINDS = frozenset({
