@@ -1,5 +1,5 @@
 """Read a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2, and the mixture-of-
-experts mixtral, qwen2_moe, qwen3_moe, olmoe) as a ModelConfig.
+experts mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3) as a ModelConfig.
 
 Keys a config.json may omit take transformers' own defaults (``_HF_DEFAULTS``; tests check them
 against the installed transformers). Every problem is a ``ConfigError`` naming the file and key.
@@ -60,7 +60,7 @@ def model_from_hf_config(
     data: Mapping[str, Any], name: str = "custom", *, context: str = "transformers config"
 ) -> ModelConfig:
     """A ModelConfig from a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2,
-    mixtral, qwen2_moe, qwen3_moe, olmoe).
+    mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3).
 
     Everything comes from the file; keys it omits take transformers' defaults for its model type.
     """
@@ -139,7 +139,7 @@ def model_from_hf_config(
             f"{context}: head_dim: {head_dim!r} differs from {'n_embd' if model_type == 'gpt2' else 'hidden_size'} / "
             f"{heads_key} = {d_model} / {n_heads}; an explicit head dim is not supported"
         )
-    if d_model % n_heads and not fields.get("attention_head_dim"):
+    if d_model % n_heads and not fields.get("attention_head_dim") and not fields.get("mla"):
         raise ConfigError(f"{context}: {heads_key}: hidden size {d_model} is not divisible by {n_heads} heads")
     if n_heads % n_kv_heads:
         raise ConfigError(f"{context}: {kv_key}: {n_heads} attention heads are not divisible by {n_kv_heads} KV heads")

@@ -1,4 +1,5 @@
-"""The mixture-of-experts transformers configs (model_type mixtral, qwen2_moe, qwen3_moe, olmoe):
+"""The mixture-of-experts transformers configs (model_type mixtral, qwen2_moe, qwen3_moe, olmoe;
+deepseek_v3 in ``planner.hf_config_deepseek``):
 what they add to a Llama-like ``config.json``, read into ``ModelConfig`` fields (``moe``,
 ``qk_norm``, ``attention_head_dim``, the attention biases). ``planner.hf_config`` reads the rest.
 
@@ -28,13 +29,13 @@ from typing import Any
 
 from planner.config import QkNorm
 from planner.errors import ConfigError
+from planner.hf_config_deepseek import DEEPSEEK_DEFAULTS, deepseek_fields
 from planner.hf_fields import hf_bool, hf_float, hf_int
 
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
 
 # Model types read far enough to say why they cannot be planned.
 REFUSED_TYPES = {
-    "deepseek_v3": "multi-head latent attention is not modelled yet",
     "gpt_oss": "attention sinks and sliding-window layers are not modelled yet",
 }
 
@@ -64,6 +65,7 @@ MOE_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": None, "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
         "router_aux_loss_coef": 0.01, "attention_bias": False,
     },
+    "deepseek_v3": DEEPSEEK_DEFAULTS,
 }
 
 # The key holding E, then the alias transformers' attribute_map also reads (Qwen2MoeConfig has none:
@@ -82,6 +84,8 @@ def moe_fields(
 ) -> dict[str, Any]:
     """The ModelConfig fields a MoE config.json sets beyond the Llama-like ones (``d_ff`` is its
     ``intermediate_size``); a ConfigError naming the key for what the planner cannot express."""
+    if model_type == "deepseek_v3":  # planner.hf_config_deepseek
+        return deepseek_fields(data, n_heads=n_heads, context=context)
     defaults = MOE_DEFAULTS[model_type]
     _refuse_unmodelled(data, model_type, n_layers, context)
     if model_type in ("qwen2_moe", "qwen3_moe") and "num_key_value_heads" in data and data["num_key_value_heads"] is None:

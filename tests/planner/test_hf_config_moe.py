@@ -227,8 +227,6 @@ def test_config_json_file(tmp_path: Path) -> None:
 
 
 REFUSALS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
-    ("deepseek_v3", {**TINY_MIXTRAL, "model_type": "deepseek_v3"},
-     ("model_type", "deepseek_v3", "multi-head latent attention is not modelled yet")),
     ("gpt_oss", {**TINY_MIXTRAL, "model_type": "gpt_oss"},
      ("model_type", "gpt_oss", "attention sinks and sliding-window layers are not modelled yet")),
     ("mixtral window", {**TINY_MIXTRAL, "sliding_window": 4096}, ("sliding_window", "4096", "null")),
