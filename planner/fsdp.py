@@ -73,7 +73,7 @@ class ShardUnit:
     unsharded_bytes: int  # Ug
     reduce_input_bytes: int  # RSin
     sharded_grad_bytes: int  # RSo = Gs
-    last_grad_bytes: int  # the last parameter's unsharded gradient, freed one call late
+    last_grad_bytes: int  # the last parameter's unsharded gradient, freed one call late (several ranks)
     accumulated_bytes: int = 0  # GradSync.LAST: unsharded gradients kept in the stored dtype, sum_p r(n_p o)
     last_accumulated_bytes: int = 0  # the last parameter's share of it
     upcast_peak_bytes: int = 0  # most gradient bytes while they are cast up one by one (see _upcast_peak)
@@ -146,9 +146,10 @@ def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DT
                 sharded_bytes=sum(round_bytes(s * o) for s in shards), gather_input_bytes=max(casts, default=0),
                 gather_output_bytes=0, unsharded_bytes=sum(round_bytes(s * c) for s in shards),
                 reduce_input_bytes=round_bytes(total * o), sharded_grad_bytes=round_bytes(total * o),
-                last_grad_bytes=round_bytes(specs[names[-1]].numel * c) if names else 0,
+                # foreach_reduce's loop over the gradients, whose variable keeps the last one alive
+                # past the list's clear(), runs only on several ranks: nothing is freed late here
+                last_grad_bytes=0, last_accumulated_bytes=0,
                 accumulated_bytes=sum(round_bytes(specs[n].numel * o) for n in names),
-                last_accumulated_bytes=round_bytes(specs[names[-1]].numel * o) if names else 0,
                 upcast_peak_bytes=_upcast_peak([round_bytes(specs[n].numel * o) for n in names],
                                                [round_bytes(specs[n].numel * c) for n in names])))
             continue

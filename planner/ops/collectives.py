@@ -15,7 +15,7 @@ whole tensor's bytes, as NCCL and nccl-tests count them.
 | gather_from_sequence | all-gather along the sequence: g x | reduce-scatter | output g x; the all-gather lands on dim 0 and is concatenated along the sequence: one more g x while both exist |
 | reduce_scatter_to_sequence | reduce-scatter along the sequence: x / g | all-gather | output x / g; the input is made contiguous per chunk first |
 | scatter_to_sequence | this rank's chunk (a contiguous copy) | all-gather | output x / g |
-| all_to_all | expert rows exchanged with the group (``all_to_all_single``, equal splits) | all-to-all of the gradient | output x; the gradient made contiguous first |
+| all_to_all | expert rows exchanged with the group (``all_to_all_single``, equal splits) | all-to-all of the gradient | output x; the gradient made contiguous first, replacing it |
 """
 
 from __future__ import annotations
@@ -123,8 +123,10 @@ def all_to_all_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     """Expert parallelism's dispatch or combine (torchtitan's ``all_to_all_single_autograd``):
     each rank sends 1/g of its rows to each rank of its expert-parallel group and receives as
     many (balanced routing: equal splits). Saves nothing; the backward is the same exchange of the
-    gradient, which arrives as a strided view (the rows' regrouping is a transpose) and is made
-    contiguous first."""
+    gradient, which may arrive as a strided view (the rows' regrouping is a transpose) and is then
+    made contiguous first: the copy replaces the incoming gradient (whose buffer dies with the
+    view), so no more than one gradient-sized tensor beside the output exists at once (live-storage
+    tracker, torch 2.13 ``all_to_all_single_autograd``)."""
     x = ctx.inputs[0]
     call = CollectiveCall(kind=Collective.ALL_TO_ALL, n_bytes=x.n_bytes, group_size=spec.group_size,
                           ranks_per_node=spec.ranks_per_node, dimension=MeshDim.EP)
@@ -132,7 +134,6 @@ def all_to_all_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         output=TensorInfo(numel=x.numel, dtype=x.dtype),
         fwd_collectives=(call,),
         bwd_collectives=(call,),
-        bwd_transient_bytes=x.n_bytes,
         fwd_bytes_moved=2 * x.n_bytes,
         bwd_bytes_moved=4 * x.n_bytes,
         fwd_kernels=1,

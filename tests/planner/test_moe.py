@@ -159,6 +159,24 @@ def test_expert_parallelism_on_a_fake_process_group(gpus: int, ep: int, stage: i
     assert abs(report.errors["peak_allocated"]) < within, report.notes
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_expert_parallelism_with_the_experts_whole_on_each_rank(stage: int) -> None:
+    """ep = dp_shard (the experts' FSDP2 unit over one rank) with a 64-token vocabulary, so the
+    backward of the MoE blocks is the peak: the all-to-all's contiguous copy replaces the incoming
+    gradient, and one rank's foreach_reduce frees every gradient before its output (measured
+    -0.9% before both were modelled). Within 0.5%."""
+    pytest.importorskip("torch")
+    from roofplan import api
+    from validate.api import validate
+
+    model = EP_MODEL.model_copy(update={"vocab_size": 64})
+    knobs = Knobs(micro_batch_size=2, precision="bf16-mixed", parallel=ParallelDims.data_parallel_of(2, stage, ep=2))
+    plan = api.estimate_plan(model, TrainConfig(seq_len=128, global_batch_size=4), "h100-sxm", knobs)
+    assert plan.best.estimate.memory.peak_phase.value == "backward"
+    report = validate(plan, mode="simulate")
+    assert abs(report.errors["peak_allocated"]) < 0.005, report.notes
+
+
 def test_expert_parallelism_splits_the_experts_and_exchanges_the_rows() -> None:
     """Per rank: E/ep experts' parameters, two all-to-alls forward and two backward per MoE block
     (each of the rank's N k rows), and a layout refused in one line where it cannot run."""
