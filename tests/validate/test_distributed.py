@@ -152,11 +152,22 @@ def test_one_rank_emulated(stage: int, gpus: int, accum: int) -> None:
             assert same_step.peak_allocated_bytes == report.predicted.peak_allocated_bytes
 
 
-@pytest.mark.parametrize(("stage", "precision", "accum", "blocks"), [
-    (2, "fp32", 1, ()), (2, "bf16-mixed", 2, (0,)), (3, "bf16-mixed", 1, ()), (3, "fp32", 2, (1, 2)),
-    (3, "bf16-true", 2, ()),
+def _on_world_sizes(cases: list[tuple[tuple, tuple[int, ...]]]) -> list:
+    """(case, world sizes) rows as pytest parameters (gpus first, then the case), ids as before."""
+    return [pytest.param(gpus, *case, id="-".join(map(str, (gpus, *case[:3]))) + f"-blocks{i}")
+            for i, (case, sizes) in enumerate(cases) for gpus in sizes]
+
+
+# Each configuration on two or three world sizes, not all of them: every world size still meets both
+# ZeRO stages, all three precisions, both accumulations and a checkpointed block (2 and 8 shard
+# evenly; 64 does not: d_ff 344 leaves uneven and empty shards). 11 cases where 5 x 3 took 15.
+FSDP_RANK_CASES = _on_world_sizes([
+    ((2, "fp32", 1, ()), (2, 8)), ((2, "bf16-mixed", 2, (0,)), (8, 64)), ((3, "bf16-mixed", 1, ()), (2, 64)),
+    ((3, "fp32", 2, (1, 2)), (2, 64)), ((3, "bf16-true", 2, ()), (2, 8, 64)),
 ])
-@pytest.mark.parametrize("gpus", [2, 8, 64])
+
+
+@pytest.mark.parametrize(("gpus", "stage", "precision", "accum", "blocks"), FSDP_RANK_CASES)
 def test_fsdp_rank_on_fake_process_group(stage: int, precision: str, accum: int, blocks: tuple[int, ...],
                                          gpus: int) -> None:
     """FSDP2 for real (fully_shard, MixedPrecisionPolicy, reduce-scatter every micro-batch) on rank
@@ -171,11 +182,15 @@ def test_fsdp_rank_on_fake_process_group(stage: int, precision: str, accum: int,
 SMALL_VOCAB = SMALL.model_copy(update={"vocab_size": 512, "n_layers": 4})
 
 
-@pytest.mark.parametrize(("stage", "precision", "accum", "blocks"), [
-    (2, "bf16-mixed", 2, ()), (3, "bf16-mixed", 3, (1,)), (2, "fp32", 3, ()), (3, "fp32", 2, (0, 2)),
-    (3, "bf16-true", 3, ()),
+# As above: each world size meets both stages, all three precisions, both accumulations and a
+# checkpointed block; 7 cases where 5 x 2 took 10.
+GRADIENT_SYNC_CASES = _on_world_sizes([
+    ((2, "bf16-mixed", 2, ()), (2,)), ((3, "bf16-mixed", 3, (1,)), (64,)), ((2, "fp32", 3, ()), (64,)),
+    ((3, "fp32", 2, (0, 2)), (2, 64)), ((3, "bf16-true", 3, ()), (2, 64)),
 ])
-@pytest.mark.parametrize("gpus", [2, 64])
+
+
+@pytest.mark.parametrize(("gpus", "stage", "precision", "accum", "blocks"), GRADIENT_SYNC_CASES)
 def test_fsdp_gradient_sync_on_the_last_micro_batch(stage: int, precision: str, accum: int, blocks: tuple[int, ...],
                                                     gpus: int) -> None:
     """``set_requires_gradient_sync(False)`` on all but the last micro-batch, for real on the fake
