@@ -88,11 +88,34 @@ def fake_process_group(dims: ParallelDims) -> Iterator[Any]:
 
     if dist.is_initialized():
         raise ConfigError("simulate: a process group is already running (torchrun?); use --mode run under torchrun")
+    forget_meshes()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dims.world_size)
     try:
         yield device_mesh("cpu", dims)  # outside FakeTensorMode: it reads its rank map
     finally:
         dist.destroy_process_group()
+        forget_meshes()
+
+
+def forget_meshes() -> None:
+    """Drop DTensor's cached sharding decisions: they hold device meshes, and a mesh compares
+    equal to one of an earlier process group with the same layout (torch 2.13 ``DeviceMesh.__eq__``
+    ignores the group), so a later run in this process would be handed a destroyed group's name
+    ("Could not resolve the process group registered under the name 7")."""
+    import torch.distributed.tensor.debug as dtensor_debug
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    clears = (  # private to torch (2.13 has every one; an older torch may lack some)
+        getattr(dtensor_debug, "_clear_sharding_prop_cache", None),  # the Python cache and the C++ fast path's
+        getattr(propagator.propagate_op_sharding, "cache_clear", None),
+        getattr(getattr(propagator, "_propagate_tensor_meta_cached", None), "cache_clear", None),
+        getattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear", None),
+        getattr(_redistribute, "clear_redistribute_planner_cache", None),
+    )
+    for clear in clears:
+        if clear is not None:
+            clear()
 
 
 def _simulate_layout(plan: PlanResult) -> int:
