@@ -22,6 +22,7 @@ from typing import Any
 
 from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind, QkNorm
 from planner.implementations import adapt
+from planner.moe_config import ExpertActivation
 from planner.ops.base import OpKind, OpVariant, ParamTensor
 
 
@@ -175,8 +176,14 @@ def _mha_ops(m: ModelConfig, b: int, normed: str, rope: str | None, mask: str | 
     eager = m.attention is AttentionImpl.EAGER
     core_fields: dict[str, object] = {"n_heads": n, "n_kv_heads": k, "head_dim": h, "dropout": m.dropout,
                                       "attention_kernel": m.attention_kernel}
+    if m.window(b) is not None:  # priced as the kernel runs it (planner.ops.attention)
+        core_fields["window"] = m.window(b)
+    sinks: tuple[ParamTensor, ...] = ()
+    if m.attention_sinks:  # gpt-oss: one sink logit per head, owned by the core
+        core_fields["sinks"] = True
+        sinks = (ParamTensor(name=f"{p}.attn.core.sinks", numel=n),)
     core = add(OpDesc(name=f"{p}.attn.core", kind=OpKind.ATTENTION_EAGER if eager else OpKind.ATTENTION_FLASH,
-                      inputs=(*qk, v) + ((mask,) if eager and mask is not None else ()), block=b,
+                      inputs=(*qk, v) + ((mask,) if eager and mask is not None else ()), block=b, params=sinks,
                       fields=tuple(sorted(core_fields.items())), tp=TpRole.HEADS))
     return _linear(f"{p}.attn.o_proj", b, core, n * h, d, bool(m.attn_out_bias), TpRole.ROWWISE)
 
@@ -264,21 +271,30 @@ def moe_block_ops(model: ModelConfig, b: int, normed: str) -> tuple[list[OpDesc]
         return op.name
 
     def grouped(name: str, x: str, fan_in: int, fan_out: int, tp: TpRole) -> str:
-        return add(OpDesc(name=f"{p}.experts.{name}", kind=OpKind.GROUPED_LINEAR, inputs=(x,), block=b,
-                          # FSDP2 shards the (E, in, out) weights along dim 1 (validate.apply's
-                          # shard_placement_fn; torchtitan too when the shard degree exceeds E)
-                          params=(ParamTensor(name=f"{p}.experts.{name}.weight", numel=e * fan_in * fan_out,
-                                              rows=fan_in, shard_dim=1),),
-                          fields=(("in_features", fan_in), ("moe", moe), ("out_features", fan_out)), tp=tp))
+        # FSDP2 shards the (E, in, out) weights along dim 1 (validate.apply's shard_placement_fn;
+        # torchtitan too when the shard degree exceeds E), the (E, out) biases along dim 0
+        params: tuple[ParamTensor, ...] = (
+            ParamTensor(name=f"{p}.experts.{name}.weight", numel=e * fan_in * fan_out, rows=fan_in, shard_dim=1),)
+        if moe.expert_bias:
+            params += (ParamTensor(name=f"{p}.experts.{name}.bias", numel=e * fan_out, rows=e),)
+        return add(OpDesc(name=f"{p}.experts.{name}", kind=OpKind.GROUPED_LINEAR, inputs=(x,), block=b, params=params,
+                          fields=(("bias", moe.expert_bias), ("in_features", fan_in), ("moe", moe),
+                                  ("out_features", fan_out)), tp=tp))
 
     slots = add(OpDesc(name=f"{p}.slots", kind=OpKind.MOE_SLOTS, block=b, fields=(("moe", moe),)))
     rows = add(OpDesc(name=f"{p}.dispatch", kind=OpKind.MOE_DISPATCH, inputs=(normed, slots), block=b,
                       fields=(("in_features", d),)))
-    # tensor parallelism splits every expert's inner size I (torchtitan's TensorParallel of GroupedExperts)
-    gate = grouped("gate_proj", rows, d, i, TpRole.COLWISE)
-    act = add(_simple(f"{p}.experts.act", OpKind.SILU, b, gate, tp=TpRole.LOCAL))
-    up = grouped("up_proj", rows, d, i, TpRole.COLWISE)
-    hidden = add(_simple(f"{p}.experts.glu", OpKind.GLU_MUL, b, act, up, tp=TpRole.LOCAL))
+    # tensor parallelism splits every expert's inner size I (torchtitan's TensorParallel of GroupedExperts;
+    # gpt-oss's biased, interleaved experts are refused under tensor parallelism)
+    if moe.expert_activation is ExpertActivation.CLAMPED_SWIGLU:  # gpt-oss: (gate, up) interleaved
+        gate_up = grouped("gate_up_proj", rows, d, 2 * i, TpRole.COLWISE)
+        hidden = add(OpDesc(name=f"{p}.experts.act", kind=OpKind.CLAMPED_SWIGLU, inputs=(gate_up,), block=b,
+                            tp=TpRole.LOCAL))
+    else:
+        gate = grouped("gate_proj", rows, d, i, TpRole.COLWISE)
+        act = add(_simple(f"{p}.experts.act", OpKind.SILU, b, gate, tp=TpRole.LOCAL))
+        up = grouped("up_proj", rows, d, i, TpRole.COLWISE)
+        hidden = add(_simple(f"{p}.experts.glu", OpKind.GLU_MUL, b, act, up, tp=TpRole.LOCAL))
     out = grouped("down_proj", hidden, i, d, TpRole.ROWWISE)
     logits = add(_linear(f"{p}.router", b, normed, d, e, moe.router_bias, TpRole.REPLICATE))
     weights = add(OpDesc(name=f"{p}.route", kind=OpKind.MOE_ROUTE, inputs=(logits,), block=b, fields=(("moe", moe),)))
@@ -324,11 +340,14 @@ def describe(model: ModelConfig) -> ModelDesc:
     rope = None
     if m.positions is PositionKind.ROTARY:
         rope = add(OpDesc(name="rope", kind=OpKind.ROPE_TABLES, fields=(("head_dim", m.rope_dim),), shape_of=x))
-    mask = None
+    mask = window_mask = None
     if m.attention is AttentionImpl.EAGER:
         mask = add(OpDesc(name="causal_mask", kind=OpKind.CAUSAL_MASK))
+        if any(m.window(b) is not None for b in range(m.n_layers)):  # the sliding layers' mask
+            window_mask = add(OpDesc(name="window_mask", kind=OpKind.CAUSAL_MASK, inputs=(mask,),
+                                     fields=(("window", m.sliding_window),)))
     for b in range(m.n_layers):
-        block, block_holds, x = block_ops(m, b, x, rope, mask)
+        block, block_holds, x = block_ops(m, b, x, rope, window_mask if m.window(b) is not None else mask)
         ops.extend(block)
         holds.extend(block_holds)
     x = add(_norm(m, "final_norm", None, x))
@@ -337,7 +356,7 @@ def describe(model: ModelConfig) -> ModelDesc:
                          shared=embed_param if tied else None))
     # the graph builder casts low-precision logits to fp32 before the loss (``.float()``)
     loss = add(OpDesc(name="loss", kind=OpKind.CROSS_ENTROPY, inputs=(logits,), tp=TpRole.VOCAB))
-    for shared in (rope, mask):  # locals of Transformer.forward: alive for the whole forward
+    for shared in (rope, mask, window_mask):  # locals of Transformer.forward: alive for the whole forward
         if shared is not None:
             holds.append((shared, loss))
     return adapt(ModelDesc(ops=tuple(ops), held_until=tuple(holds)), model)

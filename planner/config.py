@@ -27,6 +27,7 @@ class Family(StrEnum):
     QWEN3_MOE = "qwen3_moe"  # per-head q/k RMSNorm, no biases, MoE MLPs
     OLMOE = "olmoe"  # q/k RMSNorm over all heads, MoE MLPs
     DEEPSEEK_V3 = "deepseek_v3"  # multi-head latent attention, sigmoid group-limited router, dense first blocks
+    GPT_OSS = "gpt_oss"  # attention sinks, sliding-window layers, biased clamped-SwiGLU experts
 
 
 class NormKind(StrEnum):
@@ -50,6 +51,13 @@ class QkNorm(StrEnum):
     NONE = "none"
     HEAD = "head"  # over each head's H values, one (H,) weight (Qwen3)
     FULL = "full"  # over all heads' N H (K H for keys) values (OLMoE)
+
+
+class LayerType(StrEnum):
+    """A block's attention (transformers' ``layer_types`` values)."""
+
+    FULL = "full_attention"  # causal over the whole sequence
+    SLIDING = "sliding_attention"  # causal over the last ``sliding_window`` keys
 
 
 class AttentionImpl(StrEnum):
@@ -118,7 +126,13 @@ _FAMILY_DEFAULTS[Family.QWEN2_MOE] = dict(_FAMILY_DEFAULTS[Family.QWEN2])
 _FAMILY_DEFAULTS[Family.QWEN3_MOE] = dict(_FAMILY_DEFAULTS[Family.QWEN2], qkv_bias=False, qk_norm=QkNorm.HEAD)
 _FAMILY_DEFAULTS[Family.OLMOE] = dict(_FAMILY_DEFAULTS[Family.LLAMA], qk_norm=QkNorm.FULL)
 _FAMILY_DEFAULTS[Family.DEEPSEEK_V3] = dict(_FAMILY_DEFAULTS[Family.LLAMA], norm_eps=1e-6)
-MOE_FAMILIES = frozenset({Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.OLMOE, Family.DEEPSEEK_V3})
+# GptOssAttention: q, k, v and o biased (attention_bias), a sink logit per head
+_FAMILY_DEFAULTS[Family.GPT_OSS] = dict(_FAMILY_DEFAULTS[Family.LLAMA], qkv_bias=True, attn_out_bias=True,
+                                        attention_sinks=True)
+for _defaults in _FAMILY_DEFAULTS.values():
+    _defaults.setdefault("attention_sinks", False)
+MOE_FAMILIES = frozenset({Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.OLMOE, Family.DEEPSEEK_V3,
+                          Family.GPT_OSS})
 
 
 class ModelConfig(BaseModel):
@@ -159,6 +173,16 @@ class ModelConfig(BaseModel):
         "projections: qkv_bias then sets q_a_proj's and kv_a_proj_with_mqa's biases (DeepSeek's attention_bias); "
         "None: plain multi-head attention")
     rope_theta: float = Field(default=10000.0, gt=0)
+    sliding_window: PositiveInt | None = Field(
+        default=None, description="keys a query of a sliding layer sees, itself included (transformers' "
+        "sliding_window: query i sees key j iff i - sliding_window < j <= i); None: no window. The reference model "
+        "runs it as eager attention with a windowed mask (the full T x T square computed, then masked)")
+    layer_types: tuple[LayerType, ...] | None = Field(
+        default=None, description="each block's attention, full_attention or sliding_attention (transformers' "
+        "layer_types); None: every block slides when sliding_window is set (Mistral)")
+    attention_sinks: bool | None = Field(
+        default=None, description="a learned logit per head (its (N,) parameter) joins every row of scores before "
+        "the softmax and its probability is dropped after (gpt-oss); eager attention only")
     attention: AttentionImpl = Field(default=AttentionImpl.FLASH, description="flash (fused SDPA) or eager")
     attention_kernel: AttentionKernel | None = Field(
         default=None,
@@ -211,6 +235,14 @@ class ModelConfig(BaseModel):
         if self.max_seq_len is None:
             raise ValueError(f"{self.name}: a learned position table needs max_seq_len")
         return self.max_seq_len
+
+    def window(self, block: int) -> int | None:
+        """Block ``block``'s sliding window (None: full causal attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[block] is LayerType.SLIDING:
+            return self.sliding_window
+        return None
 
     @property
     def kv_heads(self) -> int:
@@ -267,10 +299,7 @@ def shape_problems(values: Mapping[str, Any]) -> list[str]:
         problems.append(f"rotary positions need an even head dim, got d_model/n_heads = {d // n}")
     family = values.get("family")
     moe = values.get("moe")
-    if isinstance(moe, Mapping | MoeConfig):
-        get = moe.get if isinstance(moe, Mapping) else moe.__dict__.get
-        if get("expert_bias"):
-            problems.append("moe.expert_bias: experts with biases (gpt-oss) are not modelled yet; set it false")
+    problems.extend(attention_problems(values))
     if family in (Family.DEEPSEEK_V3, Family.DEEPSEEK_V3.value) and mla is None:
         problems.append("mla: family deepseek_v3 has multi-head latent attention; add an mla section (kv_lora_rank, "
                         "qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank)")
@@ -299,6 +328,28 @@ def _mla_problems(values: Mapping[str, Any], n: int | None, k: int | None) -> li
     return problems
 
 
+def attention_problems(values: Mapping[str, Any]) -> list[str]:
+    """Sliding windows and sinks: layer types that fit the blocks, and the attention that runs them."""
+    problems = []
+    raw_types = values.get("layer_types")
+    types = [str(getattr(t, "value", t)) for t in raw_types] if isinstance(raw_types, list | tuple) else None
+    n_layers = values.get("n_layers")
+    if types is not None and isinstance(n_layers, int) and len(types) != n_layers:
+        problems.append(f"layer_types: {len(types)} entries for n_layers {n_layers}; list one per block")
+    sliding = values.get("sliding_window") is not None and (types is None or LayerType.SLIDING.value in types)
+    if types is not None and LayerType.SLIDING.value in types and values.get("sliding_window") is None:
+        problems.append("sliding_window: layer_types lists sliding_attention blocks but no window is set; set "
+                        "sliding_window (or list full_attention only)")
+    flash = str(getattr(values.get("attention"), "value", values.get("attention"))) == AttentionImpl.FLASH.value
+    if sliding and flash:
+        problems.append("sliding_window: the reference model's flash attention (PyTorch's SDPA) takes no window; set "
+                        "attention: eager (transformers' eager path: the full square, masked) or drop sliding_window")
+    if values.get("attention_sinks") and flash:
+        problems.append("attention_sinks: PyTorch's SDPA has no sink logit; set attention: eager (transformers runs "
+                        "gpt-oss eagerly: its _supports_sdpa is False)")
+    return problems
+
+
 _GELUS = frozenset({Activation.GELU_PYTORCH_TANH, Activation.GELU, Activation.GELU_NEW, Activation.GELU_FAST})
 
 
@@ -319,6 +370,9 @@ def implementation_problems(values: Mapping[str, Any]) -> list[str]:
                         "dispatch) are not priced yet; use implementation reference")
     if impl not in (None, Implementation.REFERENCE) and values.get("mla") is not None:
         problems.append(f"implementation: {impl.value}'s multi-head latent attention is not priced yet; use "
+                        "implementation reference")
+    if impl not in (None, Implementation.REFERENCE) and (values.get("sliding_window") or values.get("attention_sinks")):
+        problems.append(f"implementation: {impl.value}'s sliding-window and sink attention are not priced yet; use "
                         "implementation reference")
     if impl is Implementation.TORCHTITAN and values.get("family") not in (Family.LLAMA, Family.LLAMA.value):
         problems.append(f"implementation: torchtitan is priced for family llama only (torchtitan 0.3.0's "

@@ -1,5 +1,5 @@
 """Read a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2, and the mixture-of-
-experts mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3) as a ModelConfig.
+experts mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt_oss) as a ModelConfig.
 
 Keys a config.json may omit take transformers' own defaults (``_HF_DEFAULTS``; tests check them
 against the installed transformers). Every problem is a ``ConfigError`` naming the file and key.
@@ -60,7 +60,7 @@ def model_from_hf_config(
     data: Mapping[str, Any], name: str = "custom", *, context: str = "transformers config"
 ) -> ModelConfig:
     """A ModelConfig from a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2,
-    mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3).
+    mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt_oss).
 
     Everything comes from the file; keys it omits take transformers' defaults for its model type.
     """
@@ -96,18 +96,20 @@ def model_from_hf_config(
             "dropout": _hf_float(data, "resid_pdrop", context, defaults["resid_pdrop"]),
         }
     else:
-        n_layers = _hf_int(data, "num_hidden_layers", context)
-        d_model = _hf_int(data, "hidden_size", context)
-        heads_key, n_heads = "num_attention_heads", _hf_int(data, "num_attention_heads", context)
+        # required, except where the config class has a default (GptOssConfig gives every size one)
+        n_layers = _hf_int(data, "num_hidden_layers", context, default=defaults.get("num_hidden_layers"))
+        d_model = _hf_int(data, "hidden_size", context, default=defaults.get("hidden_size"))
+        heads_key = "num_attention_heads"
+        n_heads = _hf_int(data, heads_key, context, default=defaults.get(heads_key))
         kv_key = "num_key_value_heads"
         if kv_key in data:  # null means one KV head per query head (MHA)
             n_kv_heads = _hf_int(data, kv_key, context, default=n_heads)
         else:  # absent: the config class's default (MistralConfig 8, Qwen2Config 32, LlamaConfig MHA)
             n_kv_heads = defaults.get(kv_key) or n_heads
-        d_ff = _hf_int(data, "intermediate_size", context)
+        d_ff = _hf_int(data, "intermediate_size", context, default=defaults.get("intermediate_size"))
         max_seq_len = _hf_int(data, "max_position_embeddings", context, default=defaults["max_position_embeddings"])
         act = data.get("hidden_act") or defaults["hidden_act"]
-        if not isinstance(act, str) or act not in _GATED_ACTS:
+        if model_type != "gpt_oss" and (not isinstance(act, str) or act not in _GATED_ACTS):  # gpt-oss reads none
             raise ConfigError(
                 f"{context}: hidden_act: {act!r} is not supported; the gated MLP of {model_type} is priced as SwiGLU "
                 f"and needs one of {', '.join(sorted(_GATED_ACTS))}"
@@ -145,7 +147,9 @@ def model_from_hf_config(
         raise ConfigError(f"{context}: {kv_key}: {n_heads} attention heads are not divisible by {n_kv_heads} KV heads")
     raw = dict(
         name=name, family=Family(model_type), n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-        n_kv_heads=n_kv_heads, d_ff=d_ff, vocab_size=_hf_int(data, "vocab_size", context), max_seq_len=max_seq_len,
+        n_kv_heads=n_kv_heads, d_ff=d_ff, vocab_size=_hf_int(data, "vocab_size", context,
+                                                             default=defaults.get("vocab_size")),
+        max_seq_len=max_seq_len,
         tie_embeddings=_hf_bool(data, "tie_word_embeddings", context, defaults["tie_word_embeddings"]),
         **fields,
     )

@@ -30,13 +30,13 @@ from typing import Any
 from planner.config import QkNorm
 from planner.errors import ConfigError
 from planner.hf_config_deepseek import DEEPSEEK_DEFAULTS, deepseek_fields
+from planner.hf_config_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_fields
 from planner.hf_fields import hf_bool, hf_float, hf_int
 
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss")
 
 # Model types read far enough to say why they cannot be planned.
-REFUSED_TYPES = {
-    "gpt_oss": "attention sinks and sliding-window layers are not modelled yet",
+REFUSED_TYPES: dict[str, str] = {
 }
 
 # transformers' defaults (MixtralConfig / Qwen2MoeConfig / Qwen3MoeConfig / OlmoeConfig) for the keys
@@ -66,6 +66,7 @@ MOE_DEFAULTS: dict[str, dict[str, Any]] = {
         "router_aux_loss_coef": 0.01, "attention_bias": False,
     },
     "deepseek_v3": DEEPSEEK_DEFAULTS,
+    "gpt_oss": GPT_OSS_DEFAULTS,  # planner.hf_config_gpt_oss reads its fields
 }
 
 # The key holding E, then the alias transformers' attribute_map also reads (Qwen2MoeConfig has none:
@@ -86,6 +87,8 @@ def moe_fields(
     ``intermediate_size``); a ConfigError naming the key for what the planner cannot express."""
     if model_type == "deepseek_v3":  # planner.hf_config_deepseek
         return deepseek_fields(data, n_heads=n_heads, context=context)
+    if model_type == "gpt_oss":
+        return gpt_oss_fields(data, n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_ff=d_ff, context=context)
     defaults = MOE_DEFAULTS[model_type]
     _refuse_unmodelled(data, model_type, n_layers, context)
     if model_type in ("qwen2_moe", "qwen3_moe") and "num_key_value_heads" in data and data["num_key_value_heads"] is None:

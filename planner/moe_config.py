@@ -28,6 +28,19 @@ class RouterScoring(StrEnum):
 
     SOFTMAX = "softmax"  # Mixtral, Qwen-MoE, OLMoE: softmax over the experts
     SIGMOID = "sigmoid"  # DeepSeek-V3: each expert's sigmoid, chosen by score + correction bias
+    # gpt-oss (GptOssTopKRouter): the k largest logits, softmax over those k alone (norm_topk_prob is
+    # moot: the k weights already sum to 1, and is ignored)
+    TOPK_SOFTMAX = "topk-softmax"
+
+
+class ExpertActivation(StrEnum):
+    """What an expert computes between its input and output projections."""
+
+    SWIGLU = "swiglu"  # silu(gate_proj x) * up_proj x (Mixtral, Qwen, OLMoE, DeepSeek)
+    # gpt-oss (transformers' GptOssExperts._apply_gate): gate and up interleaved in one gate_up_proj
+    # (E, D, 2I) (even columns gate, odd up); gate clamped above at swiglu_limit, up to +-swiglu_limit;
+    # (up + 1) * gate * sigmoid(swiglu_alpha * gate)
+    CLAMPED_SWIGLU = "clamped-swiglu"
 
 
 class MoeConfig(BaseModel):
@@ -46,14 +59,20 @@ class MoeConfig(BaseModel):
     norm_topk_prob: bool = Field(default=True, description="renormalize the k routing weights to sum to 1")
     router_bias: bool = Field(default=False, description="the router linear has a bias (gpt-oss)")
     expert_bias: bool = Field(default=False, description="the experts' projections have biases (gpt-oss)")
-    scoring: RouterScoring = Field(default=RouterScoring.SOFTMAX, description="softmax or sigmoid (DeepSeek-V3: "
-                                   "an fp32 sigmoid, chosen by score + e_score_correction_bias)")
+    scoring: RouterScoring = Field(default=RouterScoring.SOFTMAX, description="softmax, sigmoid (DeepSeek-V3: "
+                                   "an fp32 sigmoid, chosen by score + e_score_correction_bias) or topk-softmax "
+                                   "(gpt-oss: softmax over the k largest logits)")
     score_correction_bias: bool = Field(default=False, description="an (E,) fp32 buffer added to the scores the "
                                         "experts are chosen by (DeepSeek-V3's e_score_correction_bias); sigmoid only")
     n_group: PositiveInt = Field(default=1, description="expert groups for group-limited routing (DeepSeek-V3's n_group)")
     topk_group: PositiveInt = Field(default=1, description="groups a token's experts may come from (topk_group)")
     routed_scaling_factor: float = Field(default=1.0, gt=0.0, description="the routed experts' weights are "
                                          "multiplied by it (DeepSeek-V3: 2.5); 1: no multiply")
+    expert_activation: ExpertActivation = Field(
+        default=ExpertActivation.SWIGLU, description="swiglu (gate_proj, up_proj, down_proj) or clamped-swiglu "
+        "(gpt-oss: one interleaved gate_up_proj, clamped, (up + 1) * gate * sigmoid(alpha gate), down_proj)")
+    swiglu_alpha: float = Field(default=1.702, gt=0.0, description="clamped-swiglu: the sigmoid's gain (alpha)")
+    swiglu_limit: float = Field(default=7.0, gt=0.0, description="clamped-swiglu: the clamp on gate and up")
     first_dense_layers: NonNegativeInt = Field(
         default=0, description="the first blocks keep a dense MLP of d_ff (DeepSeek's first_k_dense_replace)")
     every: PositiveInt = Field(default=1, description="block i is sparse when (i + 1) % every == 0 "
@@ -72,6 +91,12 @@ class MoeConfig(BaseModel):
         if self.top_k > self.n_experts:
             raise ValueError(f"moe.top_k ({self.top_k}) exceeds moe.n_experts ({self.n_experts}); a token is "
                              "routed to at most every expert")
+        if self.scoring is RouterScoring.TOPK_SOFTMAX and self.aux_loss_coef:
+            raise ValueError("moe.aux_loss_coef: the load-balancing loss over a top-k-then-softmax router (gpt-oss) "
+                             "is not modelled yet; set it to 0")
+        if self.scoring is RouterScoring.TOPK_SOFTMAX and self.routed_scaling_factor != 1.0:
+            raise ValueError("moe.routed_scaling_factor: the top-k-then-softmax router (gpt-oss) has no scaling; "
+                             "set it to 1")
         if self.shared_gate and not self.shared_d_ff:
             raise ValueError("moe.shared_gate gates the shared experts: set moe.shared_d_ff too")
         self._check_groups()
@@ -79,7 +104,7 @@ class MoeConfig(BaseModel):
 
     def _check_groups(self) -> None:
         e, g = self.n_experts, self.n_group
-        if self.scoring is RouterScoring.SOFTMAX and (g > 1 or self.score_correction_bias):
+        if self.scoring is not RouterScoring.SIGMOID and (g > 1 or self.score_correction_bias):
             raise ValueError("moe.n_group / moe.score_correction_bias: group-limited routing and the correction bias "
                              "are DeepSeek-V3's sigmoid router's; set moe.scoring: sigmoid or drop them")
         if self.scoring is RouterScoring.SIGMOID and self.aux_loss_coef:

@@ -13,7 +13,9 @@ into an (E C, D) buffer), the experts as three batched matmuls over (E, C, .) wi
 softmax, or DeepSeek-V3's fp32 sigmoid, the chosen probabilities, renormalized if
 ``norm_topk_prob``, times ``routed_scaling_factor``, in slot order) and
 ``combine`` (weight each row, index_add into (N, D)); shared experts (a dense SwiGLU MLP on every
-token, optionally times ``sigmoid(shared_gate(x))``) are added last.
+token, optionally times ``sigmoid(shared_gate(x))``) are added last. gpt-oss's experts (biased,
+one interleaved ``gate_up_proj`` and the clamped SwiGLU, ``ClampedSwiGLU``) replace the three
+matmuls with two ``baddbmm``; its router takes the softmax of the k chosen logits alone.
 
 DeepSeek-V3's router (transformers 5.24.0 ``DeepseekV3TopkRouter``) chooses its experts by
 sigmoid score + ``e_score_correction_bias`` within the ``topk_group`` best of ``n_group`` groups;
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import ConfigError
-from planner.moe_config import MoeConfig, RouterScoring
+from planner.moe_config import ExpertActivation, MoeConfig, RouterScoring
 
 
 class Fp32RMSNorm(nn.Module):
@@ -89,29 +91,61 @@ def replicated_linear(module: nn.Linear, x: torch.Tensor, group: Any) -> torch.T
 
 
 class GroupedLinear(nn.Module):
-    """E independent linears applied to E equal groups of rows: ``bmm((E, C, i), (E, i, o))``."""
+    """E independent linears applied to E equal groups of rows: ``bmm((E, C, i), (E, i, o))``, with
+    an (E, o) bias ``baddbmm(bias[:, None], x, W)`` (gpt-oss's experts: one kernel, the bias added
+    in its epilogue)."""
 
-    def __init__(self, groups: int, in_features: int, out_features: int) -> None:
+    def __init__(self, groups: int, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(groups, in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(groups, out_features)) if bias else None
         if self.weight.device.type != "meta":
             nn.init.normal_(self.weight, mean=0.0, std=0.02)
+            if self.bias is not None:
+                nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(x, local(self.weight))
+        if self.bias is None:
+            return torch.bmm(x, local(self.weight))
+        return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight)
+
+
+class ClampedSwiGLU(nn.Module):
+    """gpt-oss's expert activation over interleaved (gate, up) columns, as transformers 5.24.0's
+    ``GptOssExperts._apply_gate``: gate clamped above at ``limit``, up to [-limit, limit],
+    ``(up + 1) * gate * sigmoid(alpha * gate)``."""
+
+    def __init__(self, alpha: float, limit: float) -> None:
+        super().__init__()
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        gate = gate.clamp(min=None, max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        glu = gate * torch.sigmoid(gate * self.alpha)
+        return (up + 1) * glu
 
 
 class Experts(nn.Module):
-    """E SwiGLU experts of inner size I over (E, C, D) rows."""
+    """E experts of inner size I over (E, C, D) rows: SwiGLU (gate_proj, up_proj, down_proj) or
+    gpt-oss's clamped SwiGLU (gate_up_proj, act, down_proj), biased if ``expert_bias``."""
 
     def __init__(self, moe: MoeConfig, d_model: int) -> None:
         super().__init__()
-        e, i = moe.n_experts, moe.d_ff_expert
-        self.gate_proj = GroupedLinear(e, d_model, i)
-        self.up_proj = GroupedLinear(e, d_model, i)
-        self.down_proj = GroupedLinear(e, i, d_model)
+        e, i, bias = moe.n_experts, moe.d_ff_expert, moe.expert_bias
+        self.clamped = moe.expert_activation is ExpertActivation.CLAMPED_SWIGLU
+        if self.clamped:
+            self.gate_up_proj = GroupedLinear(e, d_model, 2 * i, bias)
+            self.act = ClampedSwiGLU(moe.swiglu_alpha, moe.swiglu_limit)
+        else:
+            self.gate_proj = GroupedLinear(e, d_model, i, bias)
+            self.up_proj = GroupedLinear(e, d_model, i, bias)
+        self.down_proj = GroupedLinear(e, i, d_model, bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.clamped:
+            return self.down_proj(self.act(self.gate_up_proj(h)))
         return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
@@ -137,8 +171,6 @@ class MoE(nn.Module):
 
     def __init__(self, moe: MoeConfig, d_model: int, ep: int = 1) -> None:
         super().__init__()
-        if moe.expert_bias:
-            raise ConfigError("moe.expert_bias: the reference experts have no biases")
         self.moe = moe
         self.ep = ep
         self.ep_group: Any = None  # a ProcessGroup, set by validate.layout
@@ -173,6 +205,10 @@ class MoE(nn.Module):
         moe = self.moe
         n = logits.numel() // moe.n_experts
         choice = (torch.arange(n * moe.top_k, device=logits.device) % moe.n_experts).view(n, moe.top_k)
+        if moe.scoring is RouterScoring.TOPK_SOFTMAX:  # gpt-oss: softmax over the k chosen logits alone
+            weights = torch.softmax(logits.reshape(n, moe.n_experts).gather(1, choice), dim=-1, dtype=torch.float32)
+            order = torch.arange(n * moe.top_k, device=logits.device).view(self.rows(n), moe.n_experts).t().reshape(-1)
+            return weights.view(-1).index_select(0, order)
         if moe.scoring is RouterScoring.SIGMOID:  # DeepSeek-V3: each expert's sigmoid, in fp32
             probs = torch.sigmoid(logits.float()).view(n, moe.n_experts)
         else:

@@ -89,6 +89,10 @@ class AttentionCore(nn.Module):
         self.dropout = config.dropout
         self.groups = config.n_heads // config.kv_heads
         self.scale = 1.0 / math.sqrt(config.head_dim)
+        # gpt-oss's attention sinks: a learned logit per head, a column beside every row of scores
+        self.sinks = nn.Parameter(torch.empty(config.n_heads)) if config.attention_sinks else None
+        if self.sinks is not None and self.sinks.device.type != "meta":
+            nn.init.normal_(self.sinks, mean=0.0, std=0.02)
         self.checkpointed = False  # Korthikanti's selective recompute: this core alone under checkpoint
         # query/key and value head dims differ (MLA): a GPU's SDPA runs the memory-efficient kernel
         # (flash needs equal dims); the CPU's falls back to the math kernel. Simulations set this to
@@ -121,15 +125,22 @@ class AttentionCore(nn.Module):
                 raise ValueError("eager attention needs the causal mask")
             scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale
             scores = scores.masked_fill(mask, float("-inf"))
+            if self.sinks is not None:  # the sink column joins each row (transformers' gpt-oss eager attention)
+                b, n, t, _ = scores.shape
+                scores = torch.cat([scores, self.sinks.to(scores.dtype).view(1, n, 1, 1).expand(b, n, t, 1)], dim=-1)
             if torch.is_autocast_enabled(q.device.type):
                 # CUDA autocast runs softmax in fp32 (CPU autocast does not): do it explicitly
-                scores = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+                scores = self._unsunk(torch.softmax(scores, dim=-1, dtype=torch.float32)).to(q.dtype)
             else:
-                scores = torch.softmax(scores, dim=-1)
+                scores = self._unsunk(torch.softmax(scores, dim=-1))
             if p_drop > 0:
                 scores = torch.native_dropout(scores, p_drop, True)[0]
             out = torch.matmul(scores, v)
         return rearrange(out, "b n t h -> b t (n h)")
+
+    def _unsunk(self, probs: torch.Tensor) -> torch.Tensor:
+        """The probabilities without the sink's column (a view)."""
+        return probs if self.sinks is None else probs[..., :-1]
 
 
 class Attention(nn.Module):
@@ -202,6 +213,7 @@ class Block(nn.Module):
         self.attn: nn.Module = MlaAttention(config, AttentionCore(config), Rotary()) if config.mla else Attention(config)
         self.attn_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.mlp_norm = make_norm(config)
+        self.windowed = config.window(index) is not None  # takes the sliding-window mask
         sparse = config.moe is not None and config.moe.is_sparse(index)
         self.mlp: nn.Module = MoE(config.moe, config.d_model, ep) if sparse and config.moe else Mlp(config)
         self.mlp_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
@@ -262,10 +274,11 @@ class Transformer(nn.Module):
 
     def _run_blocks(
         self, first: int, last: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-        mask: torch.Tensor | None,
+        masks: tuple[torch.Tensor | None, torch.Tensor | None],
     ) -> torch.Tensor:
         for index in range(first, last + 1):
-            x = self.blocks[index](x, rope, mask)
+            block = self.blocks[index]
+            x = block(x, rope, masks[1] if block.windowed else masks[0])
         return x
 
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,24 +311,31 @@ class Transformer(nn.Module):
         if self.config.positions is PositionKind.ROTARY:  # default positions: a temporary, not a local
             rope = self.rope_tables(torch.arange(seq_len, device=x.device, dtype=torch.float32) if positions is None
                                     else positions, x.dtype)
-        mask = None
+        causal = window = None
         if self.config.attention is AttentionImpl.EAGER:
-            mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).triu(1)
+            causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).triu(1)
+            if any(block.windowed for block in self.blocks) and self.config.sliding_window is not None:
+                # sliding layers: key j seen by query i iff i - window < j <= i (transformers' sliding mask)
+                window = causal | torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).tril(
+                    -self.config.sliding_window)
         units = {first: last for first, last in self.checkpoint_units}
         index = 0
         while index < len(self.blocks):
             if index in units:
                 last = units[index]
+                # a checkpoint keeps its arguments until its backward: only the masks its blocks take
+                windowed = [self.blocks[i].windowed for i in range(index, last + 1)]
+                masks = (causal if not all(windowed) else None, window if any(windowed) else None)
                 context = self.checkpoint_contexts.get(index)
                 if context is not None:
-                    x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, mask,
+                    x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, masks,
                                                           use_reentrant=False, context_fn=context)
                 else:
-                    x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, mask,
+                    x = torch.utils.checkpoint.checkpoint(self._run_blocks, index, last, x, rope, masks,
                                                           use_reentrant=False)
                 index = last + 1
             else:
-                x = self.blocks[index](x, rope, mask)
+                x = self._run_blocks(index, index, x, rope, (causal, window))
                 index += 1
         # one expression: the low-precision logits are freed as soon as their fp32 copy exists
         loss = F.cross_entropy(self.lm_head(self.final_norm(x)).float().flatten(0, 1), targets.flatten())

@@ -117,39 +117,56 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     the probabilities are cast back for the second matmul: fp32 probs + a low-precision copy saved.
     The heads are merged with a copy (B, T, N*H), saved by ``o_proj``. The shared causal mask is
     saved by ``masked_fill``.
+
+    A sliding window (``spec.window``) changes nothing here: the reference model (as transformers'
+    eager path) computes the full T x T square and masks it with the window mask it takes (the
+    sliding layers' shared mask). A windowed kernel (FlashAttention-2's ``window_size``, flex
+    attention's block mask) would skip the blocks outside the window: about 4 B N H T W executed
+    forward FLOPs instead of 4 B N H T^2 / 2 (causal), and no T x T tensor at all.
+
+    Attention sinks (``spec.sinks``, gpt-oss): ``cat`` puts the head's sink logit beside every row
+    (a (B, N, T, T+1) copy of the masked scores, which then die), the softmax runs over T + 1
+    columns (its saved output is T + 1 wide) and its last column is sliced off (a view; under
+    autocast the low-precision copy is T wide). FLOPs are unchanged (FlopCounterMode counts the
+    two matmuls).
     """
-    *qkv, _mask = ctx.inputs  # the shared causal mask: saved, owned by its producer
+    *qkv, _mask = ctx.inputs  # the shared causal (or window) mask: saved, owned by its producer
     dtype = promote(*(t.dtype for t in qkv))
     n, h = spec.n_heads, spec.head_dim
     bnt = ctx.batch * n * ctx.seq_len
     operand = bnt * h * dtype.n_bytes
     scores = bnt * ctx.seq_len
+    cols = ctx.seq_len + (1 if spec.sinks else 0)  # the softmax's columns
     s_bytes = scores * dtype.n_bytes
+    cat_bytes = bnt * cols * dtype.n_bytes if spec.sinks else 0
     low = ctx.precision.autocast_dtype
     p_dtype = DType.FP32 if low is not None else dtype
-    p_bytes = scores * p_dtype.n_bytes
+    p_bytes = bnt * cols * p_dtype.n_bytes  # softmax's output
+    probs_in = s_bytes if low is not None else p_bytes  # the storage the second matmul (or dropout) reads
     drop = spec.dropout > 0
     extras = [operand, operand]  # q and k operand copies
     seq = AllocSequence().alloc(2 * operand).alloc(s_bytes).alloc(s_bytes).free(s_bytes)  # q k^T, * s
     seq.alloc(s_bytes).free(s_bytes)  # masked_fill
+    logits = s_bytes
+    if spec.sinks:
+        seq.alloc(cat_bytes).free(s_bytes)  # the sink column joined; the masked scores die
+        logits = cat_bytes
     if low is not None:
         # softmax(dtype=fp32) on bf16 copies the scores to fp32 first (ATen fuses the cast only
         # for CUDA fp16), then the masked scores and the copy die
-        seq.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(s_bytes)
+        seq.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(logits)
         seq.alloc(s_bytes)  # low-precision copy of the probs
         extras.append(p_bytes)  # softmax saves its fp32 output
-        probs = s_bytes
     else:
-        seq.alloc(p_bytes).free(s_bytes)  # softmax output
+        seq.alloc(p_bytes).free(logits)  # softmax output
         extras.append(p_bytes)  # saved by softmax (and by the matmul when there is no dropout)
-        probs = p_bytes
     if drop:
-        seq.alloc(scores).alloc(probs)  # bool mask, dropped probabilities (saved by the matmul)
-        extras += [scores, probs]
+        seq.alloc(scores).alloc(s_bytes)  # bool mask, dropped probabilities (saved by the matmul)
+        extras += [scores, s_bytes]
         if low is not None:
-            seq.free(probs)  # the low-precision probs: only dropout read them
+            seq.free(s_bytes)  # the low-precision probs: only dropout read them
     elif low is not None:
-        extras.append(probs)  # the matmul saves the low-precision probs
+        extras.append(s_bytes)  # the matmul saves the low-precision probs
     seq.alloc(operand).alloc(operand).alloc(operand)  # v copy (saved), p v, head merge copy
     extras.append(operand)
     out = TensorInfo(numel=bnt * h, dtype=dtype)
@@ -157,13 +174,16 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     # inside a checkpointed block nothing is saved: each internal tensor dies with its last use
     bare = AllocSequence().alloc(2 * operand).alloc(s_bytes).free(2 * operand)  # q k^T; copies die
     bare.alloc(s_bytes).free(s_bytes).alloc(s_bytes).free(s_bytes)  # * scale, masked_fill
+    if spec.sinks:
+        bare.alloc(cat_bytes).free(s_bytes)
     if low is not None:
-        bare.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(s_bytes).alloc(s_bytes).free(p_bytes)
+        bare.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(logits).alloc(s_bytes).free(p_bytes)
     else:
-        bare.alloc(p_bytes).free(s_bytes)  # softmax
+        bare.alloc(p_bytes).free(logits)  # softmax
     if drop:
-        bare.alloc(scores).alloc(probs).free(scores).free(probs)  # mask dies; the input probs die
-    bare.alloc(operand).alloc(operand).free(operand + probs).alloc(out.n_bytes).free(operand)  # v, p v, merge
+        bare.alloc(scores).alloc(s_bytes).free(scores).free(probs_in)  # mask dies; the input probs die
+        probs_in = s_bytes
+    bare.alloc(operand).alloc(operand).free(operand + probs_in).alloc(out.n_bytes).free(operand)  # v, p v, merge
     flops = _attention_flops(spec, ctx)
     io_bytes = sum(t.n_bytes for t in qkv) + out.n_bytes
     n_tt = 3 if drop else 1
@@ -172,10 +192,10 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         bwd_input_flops=2 * flops,
         # the full square is computed, then masked: priced with the math path's non-causal rates
         attention=AttentionShape(seq_len=ctx.seq_len, head_dim=spec.head_dim, causal=False, fused=False),
-        fwd_bytes_moved=io_bytes + 4 * operand + (4 + 2 * n_tt) * s_bytes,
-        bwd_bytes_moved=2 * io_bytes + 4 * operand + (6 + 2 * n_tt) * s_bytes,
-        fwd_kernels=8 + (1 if drop else 0),
-        bwd_kernels=10 + (1 if drop else 0),
+        fwd_bytes_moved=io_bytes + 4 * operand + (4 + 2 * n_tt) * s_bytes + 2 * cat_bytes,
+        bwd_bytes_moved=2 * io_bytes + 4 * operand + (6 + 2 * n_tt) * s_bytes + 2 * cat_bytes,
+        fwd_kernels=8 + (1 if drop else 0) + (1 if spec.sinks else 0),
+        bwd_kernels=10 + (1 if drop else 0) + (2 if spec.sinks else 0),
         matmul=True,
         output=out,
         saves_inputs=tuple(False for _ in qkv) + (True,),
@@ -185,13 +205,13 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         unrun_tail_flops=flops / 2,
         fwd_transient_bytes=seq.transient_over(final),
         unsaved_fwd_transient_bytes=bare.transient_over(out.n_bytes),
-        bwd_transient_bytes=max(0, _eager_backward_peak(operand, s_bytes, p_bytes, scores, drop, low is not None)
-                                - sum(t.n_bytes for t in qkv)),
+        bwd_transient_bytes=max(0, _eager_backward_peak(operand, s_bytes, p_bytes, scores, drop, low is not None,
+                                                        bnt * cols * dtype.n_bytes) - sum(t.n_bytes for t in qkv)),
     )
 
 
 def _eager_backward_peak(operand: int, s_bytes: int, p_bytes: int, mask_bytes: int, dropout: bool,
-                         autocast: bool) -> int:
+                         autocast: bool, g_bytes: int) -> int:
     """The eager core's backward peak above what exists when it starts (its saved tensors and the
     output gradient), input gradients included. First the head merge's gradient made contiguous,
     dv and the probabilities' gradient (2 x operand + s). Then autograd frees each node's saved
@@ -200,12 +220,14 @@ def _eager_backward_peak(operand: int, s_bytes: int, p_bytes: int, mask_bytes: i
     has run), and the softmax's backward allocates its gradient beside its saved output (p) and
     the gradient reaching it: in fp32 under autocast (a copy of the low-precision one, which dies
     first), else as is. Read op by op from the live-storage tracker over the reference model
-    (GPT-2 shapes, fp32, bf16 autocast, bf16, with and without dropout)."""
+    (GPT-2 shapes, fp32, bf16 autocast, bf16, with and without dropout). With attention sinks the
+    gradient reaching the softmax (``g_bytes``) is ``slice_backward``'s T + 1 columns wide (read
+    from the tracker the same way: fp32 and bf16, with and without dropout, MHA)."""
     first = 2 * operand + s_bytes
     if autocast:  # ... dv, the fp32 gradient and its softmax gradient; the bf16 one is gone
         second = 2 * p_bytes - s_bytes - operand - (mask_bytes if dropout else 0)
-    else:  # ... dv, the gradient reaching softmax (s bytes) and softmax's gradient
-        second = s_bytes + p_bytes - operand - (mask_bytes if dropout else 0)
+    else:  # ... dv, the gradient reaching softmax (g bytes) and softmax's gradient
+        second = g_bytes + p_bytes - operand - (mask_bytes if dropout else 0)
     return max(first, second)
 
 

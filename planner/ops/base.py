@@ -49,6 +49,7 @@ class OpKind(StrEnum):
     GROUPED_LINEAR = "grouped_linear"  # E linears over E equal groups of rows (bmm)
     MOE_ROUTE = "moe_route"  # fp32 softmax of the router logits, the chosen weights in row order
     MOE_COMBINE = "moe_combine"  # each row times its weight, index_add into its token
+    CLAMPED_SWIGLU = "clamped_swiglu"  # gpt-oss's expert activation over interleaved (gate, up) columns
     GATE_SCALE = "gate_scale"  # x * sigmoid(g) with g one value per token (Qwen2-MoE's shared expert gate)
     # expert parallelism (planner.strategies.expert)
     ALL_TO_ALL = "all_to_all"  # expert rows exchanged with the expert-parallel group
@@ -140,6 +141,8 @@ class LayerSpec(BaseModel):
     v_head_dim: int = 0  # attention: the value heads' size where it differs from head_dim (MLA); 0: head_dim
     dropout: float = 0.0
     attention_kernel: AttentionKernel | None = None  # the fused kernel named by the model; None: the device's
+    window: int = 0  # sliding-window attention (and its mask): keys each query sees; 0: full causal
+    sinks: bool = False  # attention sinks: a learned logit per head beside each row of scores (gpt-oss)
     group_size: int = 1  # collectives and sharded ops: ranks of the parallel group
     ranks_per_node: int = 1  # of those, how many share a node (NVLink) with this rank
     params: tuple[ParamTensor, ...] = ()

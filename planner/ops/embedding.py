@@ -74,7 +74,10 @@ def rope_tables_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
 
 @register(OpKind.CAUSAL_MASK)
 def causal_mask_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
-    """``ones(T, T, bool).triu(1)``: built once per forward for eager attention, shared by all blocks."""
+    """``ones(T, T, bool).triu(1)``: built once per forward for eager attention, shared by all blocks.
+
+    With a window W (``spec.window``, the sliding layers' mask): ``causal | ones(T, T).tril(-W)``,
+    also masking the keys W or more behind the query; the same bytes (ones, tril, then their or)."""
     t2 = ctx.seq_len * ctx.seq_len
     return LayerCost(
         output=TensorInfo(numel=t2, dtype=DType.BOOL, requires_grad=False),

@@ -41,6 +41,10 @@ def grouped_linear_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     FLOPs (FlopCounterMode's bmm): forward 2*E*C*I*O, backward twice that. Memory as a linear's:
     bmm saves both operands, so the rows (or their autocast copy) and the weight (or its cached
     autocast copy); the low-precision weight gradient is a transient before its cast to fp32.
+
+    With an (E, O) bias (gpt-oss's experts): ``baddbmm(bias[:, None], x, W)``, FlopCounterMode's
+    baddbmm counting the bmm alone. Autocast casts the bias view afresh each call (it caches only
+    leaf tensors): a forward transient, not saved (baddbmm's backward reads no bias).
     """
     assert spec.moe is not None
     return _matmul_cost(spec, ctx, groups=spec.moe.n_experts)
@@ -60,8 +64,12 @@ def _matmul_cost(spec: LayerSpec, ctx: OpContext, groups: int) -> LayerCost:
     saved_extra: tuple[int, ...] = ()
     autocast_copies: tuple[int, ...] = ()
     bwd_transient = 0
+    fwd_transient = 0
     if low is not None:
-        autocast_copies = (groups * i * o * low.n_bytes,) + ((groups * o * low.n_bytes,) if spec.bias else ())
+        cached_bias = spec.bias and groups == 1  # a linear's bias is a leaf: autocast caches its copy
+        autocast_copies = (groups * i * o * low.n_bytes,) + ((groups * o * low.n_bytes,) if cached_bias else ())
+        if spec.bias and not cached_bias:
+            fwd_transient = groups * o * low.n_bytes
         bwd_transient = groups * i * o * low.n_bytes  # low-precision weight grad before its cast to fp32
     if casts_input:
         assert low is not None
@@ -83,6 +91,7 @@ def _matmul_cost(spec: LayerSpec, ctx: OpContext, groups: int) -> LayerCost:
         saves_inputs=(not casts_input,),
         saved_extra_bytes=saved_extra,
         autocast_copy_bytes=autocast_copies,
+        fwd_transient_bytes=fwd_transient,
         bwd_transient_bytes=bwd_transient,
         param_numel=weight_numel if spec.owns_params else 0,
         param_dtype=param_dtype,

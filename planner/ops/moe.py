@@ -73,6 +73,8 @@ def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     the softmax's (or sigmoid's) fp32 gradient, cast back to the logits' dtype.
     """
     moe = _moe(spec)
+    if moe.scoring is RouterScoring.TOPK_SOFTMAX:
+        return _topk_softmax_route(moe, ctx)
     logits = ctx.inputs[0]
     e, k = moe.n_experts, moe.top_k
     n = logits.numel // e
@@ -123,6 +125,83 @@ def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         fwd_bytes_moved=logits.n_bytes + 3 * probs + 6 * chosen + 3 * row_index + out.n_bytes,
         bwd_bytes_moved=2 * out.n_bytes + 6 * chosen + 4 * probs + logits.n_bytes,
         fwd_kernels=9 + (1 if scaled else 0), bwd_kernels=8 + (1 if scaled else 0),
+    )
+
+
+def _topk_softmax_route(moe: MoeConfig, ctx: OpContext) -> LayerCost:
+    """gpt-oss's router (``GptOssTopKRouter``: top-k of the logits, softmax over those k): the k
+    chosen logits gathered (N, k) (saves its int64 index, an arange's remainder), ``softmax`` over
+    them in fp32 (a fp32 copy of low-precision logits first; saves its output), ``index_select``
+    into row order (saves its (R,) index, an arange's transposed copy).
+
+    Backward: index_add into (N k), softmax's fp32 gradient (cast back to the logits' dtype), the
+    gather's scatter_add into a zeroed (N, E) (out of place: two (N, E) at once): the logits'
+    gradient.
+    """
+    logits = ctx.inputs[0]
+    e, k = moe.n_experts, moe.top_k
+    n = logits.numel // e
+    rows = e * moe.expert_rows(n)
+    f32, low = DType.FP32.n_bytes, logits.dtype.n_bytes
+    chosen, row_index = f32 * n * k, _INDEX * rows
+    out = TensorInfo(numel=rows, dtype=DType.FP32)
+    extras = [_INDEX * n * k, chosen, row_index]  # gather's index, softmax's output, index_select's index
+    seq = AllocSequence().alloc(_INDEX * n * k).alloc(_INDEX * n * k).free(_INDEX * n * k)  # arange, remainder
+    seq.alloc(low * n * k)  # the gathered logits
+    if logits.dtype is not DType.FP32:
+        seq.alloc(chosen).alloc(chosen).free(chosen)  # the fp32 copy, then the softmax
+    else:
+        seq.alloc(chosen)
+    seq.free(low * n * k)
+    seq.alloc(_INDEX * n * k).alloc(row_index).free(_INDEX * n * k)
+    seq.alloc(out.n_bytes)
+    # backward (read op by op from the tracker): index_select's zeros and index_add (2 chosen);
+    # later, with its index released (and under autocast the fp32 gradient cast back), the
+    # gather's zeros (N, E) and its out-of-place scatter_add beside it (the logits' gradient)
+    cast_saving = chosen - low * n * k
+    back_peak = max(2 * chosen, 2 * logits.n_bytes - row_index - cast_saving)
+    return LayerCost(
+        output=out,
+        saves_inputs=(False,),
+        saved_extra_bytes=tuple(extras),
+        fwd_transient_bytes=seq.transient_over(sum(extras) + out.n_bytes),
+        bwd_transient_bytes=max(0, back_peak - logits.n_bytes),
+        fwd_bytes_moved=logits.n_bytes + 2 * low * n * k + 3 * chosen + 3 * row_index + out.n_bytes,
+        bwd_bytes_moved=2 * out.n_bytes + 4 * chosen + 2 * logits.n_bytes,
+        fwd_kernels=7, bwd_kernels=6,
+    )
+
+
+@register(OpKind.CLAMPED_SWIGLU)
+def clamped_swiglu_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """gpt-oss's expert activation over gate_up (E, C, 2I), gate and up interleaved (transformers
+    5.24.0 ``GptOssExperts._apply_gate``): ``gate.clamp(max=l)``, ``up.clamp(-l, l)`` (each saves
+    its input, a strided view of gate_up: gate_up itself is kept), ``gate * sigmoid(gate * alpha)``
+    (sigmoid saves its output, the product both operands), ``(up + 1) * glu`` (saves both).
+    Output (E, C, I) (u bytes); saved: gate_up, the clamped gate, the sigmoid, the glu and up + 1
+    (4 u). The clamped up is a local until the function returns: one u more at the forward's peak
+    (6 u with the output). Backward: the products' two gradients, the clamps' ``where`` and two
+    ``slice_backward`` (2 u each) summed into gate_up's gradient, while the saved tensors are
+    released: never above gate_up's gradient (2 u) beyond what it starts with. Read op by op from
+    the live-storage tracker (fp32, bf16 under autocast, bf16). No matmul: FlopCounterMode counts
+    none.
+    """
+    x = ctx.inputs[0]
+    u = x.n_bytes // 2
+    out = TensorInfo(numel=x.numel // 2, dtype=x.dtype)
+    # clamped gate, clamped up, gate * alpha, sigmoid (the product dies), glu, up + 1, out; up dies at return
+    seq = AllocSequence().alloc(u).alloc(u).alloc(u).alloc(u).free(u).alloc(u).alloc(u).alloc(u)
+    # unsaved (a checkpointed block's forward): the sigmoid dies after the glu; the locals at return
+    bare = AllocSequence().alloc(u).alloc(u).alloc(u).alloc(u).free(u).alloc(u).free(u).alloc(u).alloc(u)
+    return LayerCost(
+        output=out,
+        saves_inputs=(True,),
+        saved_extra_bytes=(u, u, u, u),
+        fwd_transient_bytes=seq.transient_over(5 * u),
+        unsaved_fwd_transient_bytes=bare.transient_over(u),
+        fwd_bytes_moved=2 * x.n_bytes + 9 * u,
+        bwd_bytes_moved=3 * x.n_bytes + 12 * u,
+        fwd_kernels=7, bwd_kernels=10,
     )
 
 

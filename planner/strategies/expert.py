@@ -69,7 +69,10 @@ def shard_experts(desc: ModelDesc, ep: int, ranks_per_node: int) -> ModelDesc:
         if op.kind is OpKind.GROUPED_LINEAR:
             moe = op.field("moe")
             local = moe.model_copy(update={"n_experts": moe.n_experts // ep})
-            params = tuple(p.model_copy(update={"numel": p.numel // ep, "expert_parallel": True}) for p in op.params)
+            # the (E, out) biases (gpt-oss) are sharded by FSDP2 along their E rows: E/ep of them here
+            params = tuple(p.model_copy(update={"numel": p.numel // ep, "expert_parallel": True,
+                                                "rows": p.rows // ep if p.shard_dim == 0 and p.rows else p.rows})
+                           for p in op.params)
             op = replace(op, params=params).with_fields(moe=local)
         ops.append(op)
         prefix = op.name.rsplit(".", 1)[0]

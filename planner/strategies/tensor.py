@@ -65,6 +65,9 @@ def check_tensor_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) 
     if model.mla is not None:
         raise ConfigError(f"parallel.tp: tensor parallelism of {model.name}'s multi-head latent attention is not "
                           "modelled yet; use tp 1 (data parallelism, FSDP2)")
+    if model.attention_sinks:
+        raise ConfigError(f"parallel.tp: {model.name}'s attention sinks (one logit per head) are not sharded by the "
+                          "tensor-parallel plan yet; use tp 1 (data parallelism, FSDP2)")
     check_moe_tensor_parallel(model, tp)
     if dims.data_parallel > 1 and not dims.shards_parameters:
         raise ConfigError(f"parallel.tp: tensor parallelism with {dims.data_parallel} data-parallel replicas under DDP "
