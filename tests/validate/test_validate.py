@@ -95,13 +95,15 @@ def test_as_on_a_gpu_keeps_the_other_dropouts() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("precision", "blocks"), [("fp32", tuple(range(0, 32, 4))), ("bf16-true", tuple(range(32)))])
+@pytest.mark.parametrize(("precision", "blocks"), [("bf16-true", tuple(range(0, 32, 4)))])
 def test_simulate_7b(precision: str, blocks: tuple[int, ...]) -> None:
-    """A 7B plan through validate's simulate mode (peak within 3%, FLOPs, verdict). Its two
-    sequences run as one micro-batch: fake tensors cost per op, not per byte, so one micro-batch of
-    two costs half of two of one (warm-up, measured and counted steps each run every micro-batch).
-    Accumulation is simulated at 7B in tests/planner/test_memory_vs_tracker.py (two of its 7B
-    cases accumulate 2 micro-batches) and through validate here in test_simulate_small."""
+    """A 7B plan through validate's simulate mode (peak within 3%, FLOPs, verdict), every fourth
+    block checkpointed. Its two sequences run as one micro-batch: fake tensors cost per op, not per
+    byte, so one micro-batch of two costs half of two of one (warm-up, measured and counted steps
+    each run every micro-batch). Other precisions, placements and accumulation are checked at 7B
+    against the tracker in tests/planner/test_memory_vs_tracker.py (fp32 and bf16-true, none,
+    some and every block, two cases accumulating 2 micro-batches) and through validate here in
+    test_simulate_small."""
     model, training = api.load_model("llama2-7b", seq_len=1024, global_batch_size=2)
     knobs = Knobs(micro_batch_size=2, grad_accum_steps=1, precision=precision, checkpoint_blocks=blocks)
     report = validate(_plan(model, training, knobs, "h200"), mode="simulate")
