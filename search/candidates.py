@@ -37,6 +37,8 @@ from planner.strategies import strategy_for
 from search.mixed import mixed_points
 
 BRUTE_FORCE_MAX_BLOCKS = 12
+# blocks that differ, too many to enumerate: this many counts of checkpointed blocks (earliest first)
+FALLBACK_COUNTS = 13
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,11 @@ def _per_block_curve(
         pass
     n = model.n_layers
     best: dict[int, tuple[int, tuple[int, ...]]] = {}
+    # too many blocks to enumerate (blocks that differ: DeepSeek's dense first layers): earliest
+    # first, at FALLBACK_COUNTS counts from none to all (each walk is a whole step)
+    counts = sorted({round(j * n / (FALLBACK_COUNTS - 1)) for j in range(FALLBACK_COUNTS)})
     statuses = itertools.product((0, 1), repeat=n) if n <= BRUTE_FORCE_MAX_BLOCKS else (
-        tuple(1 if i < k else 0 for i in range(n)) for k in range(n + 1)  # earliest-first when too many
+        tuple(1 if i < k else 0 for i in range(n)) for k in counts
     )
     for bits in statuses:
         units = checkpoint_units(n, [i for i, b in enumerate(bits) if b], (), policy, save)
@@ -96,7 +101,7 @@ def _per_block_curve(
         k = sum(bits)
         if k not in best or peak < best[k][0]:
             best[k] = (peak, tuple(bits))
-    return [best[k] for k in range(n + 1)]
+    return [best[k] for k in sorted(best)]
 
 
 def segment_plans(n_layers: int) -> list[tuple[tuple[int, int], ...]]:

@@ -102,3 +102,30 @@ def test_early_blocks_are_cheaper_to_checkpoint() -> None:
     assert singles[0] == min(singles.values())
     assert singles[5] == max(singles.values())
     assert singles[0] < singles[5]
+
+
+def test_blocks_that_differ_fall_back_to_counts_of_earliest_blocks() -> None:
+    """Dense first blocks before MoE blocks (DeepSeek-V3's three) do not decompose; beyond BRUTE_FORCE_MAX_BLOCKS the
+    curve walks FALLBACK_COUNTS counts (none and every block included), earliest blocks first,
+    each priced by a whole walk."""
+    from planner.estimate import rank_graph
+    from search.candidates import BRUTE_FORCE_MAX_BLOCKS, FALLBACK_COUNTS, _per_block_curve
+
+    n = BRUTE_FORCE_MAX_BLOCKS + 2
+    model = ModelConfig(family="mixtral", n_layers=n, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, vocab_size=256,
+                        moe=dict(n_experts=4, top_k=2, d_ff_expert=64, first_dense_layers=3))
+    training = TrainConfig(seq_len=64, global_batch_size=2)
+    knobs = Knobs(micro_batch_size=2)
+    spec = check_knobs(model, training, HW, knobs)
+    graph = rank_graph(model, training, knobs, spec)
+    static = static_for(graph, HW, training, knobs)
+    every = simulate_step(graph, static, HW.round_alloc, checkpoint_units(n, tuple(range(n))), knobs.schedule,
+                          record_trace=True)
+    curve = _per_block_curve(model, training, HW, knobs, graph, every)
+    counts = [sum(placement) for _, placement in curve]
+    assert counts[0] == 0 and counts[-1] == n and len(counts) == FALLBACK_COUNTS
+    for peak, placement in curve:
+        k = sum(placement)
+        assert placement == tuple(1 if i < k else 0 for i in range(n))
+        units = checkpoint_units(n, [i for i in range(n) if placement[i]])
+        assert peak == simulate_step(graph, static, HW.round_alloc, units, knobs.schedule).peak.bytes
