@@ -30,7 +30,7 @@ from typing import Any
 
 from planner.config import QkNorm
 from planner.errors import ConfigError
-from planner.hf_fields import hf_bool, hf_float, hf_int
+from planner.hf_fields import hf_bool, hf_float, hf_int, refuse_rope_types
 
 # transformers' DeepseekV3Config defaults (configuration_deepseek_v3.py) for the keys this reader
 # takes; tests check them against the installed transformers
@@ -94,13 +94,5 @@ def _refuse_unmodelled(data: Mapping[str, Any], n_heads: int, context: str) -> N
     if kv is not None and kv != n_heads:
         raise ConfigError(f"{context}: num_key_value_heads: {kv!r}; DeepseekV3Attention expands keys and values to "
                           f"all {n_heads} heads (fewer KV heads would not run); set it to num_attention_heads")
-    for key in ("rope_parameters", "rope_scaling"):
-        nested = data.get(key)
-        if nested is None:
-            continue
-        if not isinstance(nested, Mapping):
-            raise ConfigError(f"{context}: {key}: expected a mapping, got {nested!r}")
-        kind = nested.get("rope_type", nested.get("type"))
-        if kind not in _ROPE_TYPES:
-            raise ConfigError(f"{context}: {key}: rope type {kind!r} is not modelled (the planner prices plain and yarn "
-                              f"RoPE); remove {key} or use rope_type default or yarn")
+    refuse_rope_types(data, context, _ROPE_TYPES, "(the planner prices plain and yarn RoPE)",
+                      "remove {key} or use rope_type default or yarn")

@@ -32,7 +32,7 @@ from typing import Any
 
 from planner.config import AttentionImpl, LayerType, QkNorm
 from planner.errors import ConfigError
-from planner.hf_fields import hf_bool, hf_float, hf_int
+from planner.hf_fields import hf_bool, hf_float, hf_int, refuse_rope_types
 from planner.moe_config import ExpertActivation, RouterScoring
 
 # GptOssConfig's defaults (transformers 5.24.0) for the keys a config.json may omit; tests check
@@ -117,13 +117,5 @@ def _layer_types(data: Mapping[str, Any], n_layers: int, context: str) -> tuple[
 
 
 def _refuse_rope(data: Mapping[str, Any], context: str) -> None:
-    for key in ("rope_parameters", "rope_scaling"):
-        nested = data.get(key)
-        if nested is None:
-            continue
-        if not isinstance(nested, Mapping):
-            raise ConfigError(f"{context}: {key}: expected a mapping, got {nested!r}")
-        kind = nested.get("rope_type", nested.get("type"))
-        if kind not in _ROPE_TYPES:
-            raise ConfigError(f"{context}: {key}: rope type {kind!r} is not modelled for gpt_oss (yarn and default "
-                              f"cost plain RoPE); use rope_type yarn or default")
+    refuse_rope_types(data, context, _ROPE_TYPES, "for gpt_oss (yarn and default cost plain RoPE)",
+                      "use rope_type yarn or default")

@@ -31,7 +31,7 @@ from planner.config import QkNorm
 from planner.errors import ConfigError
 from planner.hf_config_deepseek import DEEPSEEK_DEFAULTS, deepseek_fields
 from planner.hf_config_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_fields
-from planner.hf_fields import hf_bool, hf_float, hf_int
+from planner.hf_fields import hf_bool, hf_float, hf_int, refuse_rope_types
 
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss")
 
@@ -155,16 +155,8 @@ def _sparse_layout(data: Mapping[str, Any], n_layers: int, context: str) -> tupl
 
 def _refuse_unmodelled(data: Mapping[str, Any], model_type: str, n_layers: int, context: str) -> None:
     """One line naming the key, for what transformers would run but the planner cannot price."""
-    for key in ("rope_parameters", "rope_scaling"):
-        nested = data.get(key)
-        if nested is None:
-            continue
-        if not isinstance(nested, Mapping):
-            raise ConfigError(f"{context}: {key}: expected a mapping, got {nested!r}")
-        kind = nested.get("rope_type", nested.get("type"))
-        if kind not in (None, "default"):
-            raise ConfigError(f"{context}: {key}: rope type {kind!r} is not modelled (the planner prices plain RoPE); "
-                              f"remove {key} or set its rope_type to default")
+    refuse_rope_types(data, context, (None, "default"), "(the planner prices plain RoPE)",
+                      "remove {key} or set its rope_type to default")
     window_hint = "sliding-window attention is not modelled yet; "
     if model_type in ("mixtral", "olmoe") and data.get("sliding_window") is not None:
         # MixtralAttention windows every layer; OlmoeAttention hands it to the attention kernel

@@ -53,3 +53,19 @@ def hf_rope_theta(data: Mapping[str, Any], context: str, default: float) -> floa
         if isinstance(nested, Mapping) and nested.get("rope_theta") is not None:
             return hf_float(nested, "rope_theta", f"{context}: {key}", default)
     return default
+
+
+def refuse_rope_types(data: Mapping[str, Any], context: str, allowed: tuple[str | None, ...], priced: str,
+                      fix: str) -> None:
+    """One line naming ``rope_parameters`` / ``rope_scaling`` when its rope type is not one of
+    ``allowed`` (``priced`` says what the planner prices, ``fix`` what to do; ``{key}`` in it
+    names the key)."""
+    for key in ("rope_parameters", "rope_scaling"):
+        nested = data.get(key)
+        if nested is None:
+            continue
+        if not isinstance(nested, Mapping):
+            raise ConfigError(f"{context}: {key}: expected a mapping, got {nested!r}")
+        kind = nested.get("rope_type", nested.get("type"))
+        if kind not in allowed:
+            raise ConfigError(f"{context}: {key}: rope type {kind!r} is not modelled {priced}; {fix.format(key=key)}")
