@@ -144,6 +144,15 @@ def shard_tensor_parallel(desc: ModelDesc, model: ModelConfig, tp: int, sequence
                           fields=tuple(sorted(group.items()))))
         return name
 
+    def made_whole(name: str, source: str, block: int | None) -> None:
+        """The partial sums of ``source`` made whole: reduce-scatter (SP) or all-reduce; the
+        frame of ``source`` now ends at the collective."""
+        kind = OpKind.REDUCE_SCATTER_TO_SEQUENCE if sequence_parallel else OpKind.REDUCE_FROM_REGION
+        out = collective(name, kind, source, block)
+        if sequence_parallel:
+            sharded.add(out)
+        rename[source] = ends[source] = out
+
     scatter_before_blocks = sequence_parallel and model.positions is PositionKind.LEARNED
     regions = moe_regions(desc, model)  # MoE blocks: one collective in, one out (planner.strategies.tensor_moe)
     exits = {prefix: name for name, prefix in regions.items()}  # each block's last op (its output)
@@ -163,12 +172,8 @@ def shard_tensor_parallel(desc: ModelDesc, model: ModelConfig, tp: int, sequence
             elif op.kind is OpKind.LINEAR and op.tp is TpRole.ROWWISE:
                 op = _rowwise(op, tp)
             ops.append(shard_moe_op(op, tp, group))
-            if exits[prefix] == op.name:  # the partial sums made whole: reduce-scatter (SP) or all-reduce
-                kind = OpKind.REDUCE_SCATTER_TO_SEQUENCE if sequence_parallel else OpKind.REDUCE_FROM_REGION
-                out = collective(f"{prefix}.tp_out", kind, op.name, op.block)
-                if sequence_parallel:
-                    sharded.add(out)
-                rename[op.name] = ends[op.name] = out
+            if exits[prefix] == op.name:  # the MoE block's output
+                made_whole(f"{prefix}.tp_out", op.name, op.block)
             continue
         if scatter_before_blocks and op.block == 0 and op.tp is TpRole.SEQUENCE and inputs[0] not in sharded:
             # learned positions are added to the whole sequence: shard the stream as it enters the blocks
@@ -186,11 +191,7 @@ def shard_tensor_parallel(desc: ModelDesc, model: ModelConfig, tp: int, sequence
             continue
         if op.kind is OpKind.LINEAR and op.tp is TpRole.ROWWISE:
             ops.append(replace(_rowwise(op, tp), inputs=inputs))
-            kind = OpKind.REDUCE_SCATTER_TO_SEQUENCE if sequence_parallel else OpKind.REDUCE_FROM_REGION
-            out = collective(f"{op.name}.tp_out", kind, op.name, op.block)
-            if sequence_parallel:
-                sharded.add(out)
-            rename[op.name] = ends[op.name] = out
+            made_whole(f"{op.name}.tp_out", op.name, op.block)
             continue
         if op.kind is OpKind.EMBEDDING:
             ops.append(replace(_vocab_rows(op, tp), inputs=inputs))
