@@ -24,11 +24,11 @@ from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.fsdp import FsdpLayout
 from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
-from planner.memory import Category, Phase, StaticMemory, checkpoint_units, simulate_step, static_memory
-from planner.ops.base import OpVariant
+from planner.memory import Category, Phase, StaticMemory, checkpoint_units, static_memory
 from planner.optimizer import optimizer_spec
 from planner.parallel_dims import Group
 from planner.precision import PrecisionSpec, precision_spec
+from planner.program import RankProgram, StepProgram, placed
 from planner.schedule import Schedule
 from planner.strategies import Fsdp2, strategy_for
 from planner.strategies.context import check_context_parallel, local_seq_len, shard_context_parallel
@@ -131,6 +131,8 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
     return spec
 
 
+_NO_STATIC = StaticMemory(params_bytes=0, optimizer_bytes=0, data_bytes=0, grads_bytes=0, optimizer_step_temp_bytes=0)
+_NO_TIMES = OpTimes(names=(), fwd_s=(), bwd_s=(), lower_bound_s=(), fwd_lower_bound_s=())
 _ROOFLINES: IdentityCache[tuple[OpRoofline, ...]] = IdentityCache()
 _GROUPS: IdentityCache[tuple[OpGroup, ...]] = IdentityCache()
 _TIMES: IdentityCache[OpTimes] = IdentityCache()
@@ -198,17 +200,38 @@ def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfil
 
 def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
                        time: TimeBreakdown) -> TimeBreakdown:
-    """The step time with what the data-parallel collectives add to it (nothing on one GPU): what
-    compute does not hide, and the compute that collectives overlap running
-    ``overlap_compute_slowdown`` slower while they do (the profile's published measurement;
-    ``planner.parallel.overlapped_s``)."""
-    strategy = strategy_for(knobs.parallel)
-    if not strategy.communicates:
-        return time
-    comm = strategy.communication(graph, hw, knobs, gpus_per_node, time)
-    if comm is None:
-        return time
-    return time.model_copy(update={"communication_s": comm.exposed_s, "step_time_s": time.step_time_s + comm.exposed_s})
+    """The step time with the data-parallel collectives placed on the rank's timeline
+    (``planner.step_time``; nothing to place on one GPU): what compute does not hide, and the
+    compute that collectives overlap running ``overlap_compute_slowdown`` slower while they do
+    (the profile's published measurement)."""
+    return placed(time, _rank_program(graph, hw, knobs, gpus_per_node, time), hw)
+
+
+def _rank_program(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
+                  time: TimeBreakdown) -> RankProgram:
+    """The parts of a rank's program that place its collectives (no walk, no op times needed)."""
+    return RankProgram(graph=graph, static=_NO_STATIC, schedule=knobs.schedule,
+                       collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs, gpus_per_node),
+                       times=_NO_TIMES, optimizer_s=(time.optimizer_s, 0.0), ranks=knobs.parallel.world_size)
+
+
+def step_program(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs,
+                 gpus_per_node: int = 8) -> StepProgram:
+    """The step program of ``knobs`` (checked): every rank's graph, static memory and engine,
+    schedule, collectives and op times, and the plan's checkpoint units."""
+    spec = check_knobs(model, training, hw, knobs)
+    graph = rank_graph(model, training, knobs, spec, gpus_per_node)
+    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
+    rank = RankProgram(
+        graph=graph, static=static_for(graph, hw, training, knobs), schedule=knobs.schedule,
+        collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs, gpus_per_node),
+        times=times_of(graph, hw),
+        optimizer_s=optimizer_time_s(graph, opt, hw, optimizer_shard_fraction(graph, knobs, hw),
+                                     precision_spec(knobs.precision).param_dtype),
+        ranks=knobs.parallel.world_size)
+    units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
+                             knobs.checkpoint_policy, knobs.save_list, knobs.policy_overrides)
+    return StepProgram(ranks=(rank,), units=units, hw=hw)
 
 
 def layout_for(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> FsdpLayout:
@@ -269,25 +292,16 @@ def estimate(
     gpus_per_node: int = 8,
 ) -> Estimate:
     """Everything about one configuration: its memory timeline, FLOPs and roofline step time."""
-    spec = check_knobs(model, training, hw, knobs)
-    graph = rank_graph(model, training, knobs, spec, gpus_per_node)
-    static = static_for(graph, hw, training, knobs)
-    units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
-                             knobs.checkpoint_policy, knobs.save_list, knobs.policy_overrides)
-    timeline = simulate_step(graph, static, hw.round_alloc, units, knobs.schedule)
-    _, time = rank_timing(graph, hw, training, knobs, timeline.recomputed_ops)
-    time = with_communication(graph, hw, knobs, gpus_per_node, time)
+    program = step_program(model, training, hw, knobs, gpus_per_node)
+    rank = program.busiest
+    graph, static = rank.graph, rank.static
+    spec = graph.precision
+    timeline = program.walk()
+    time = program.time(timeline.recomputed_ops)
     ops = op_rooflines(graph, hw)
-
-    per_micro_flops = sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)
-    # every rank runs its share of every micro-batch (a tensor-parallel rank 1/tp of its FLOPs);
-    # an op every rank of its group runs whole (a MoE router under TP) is the model's work once
-    replicated = sum((op.cost.fwd_flops + op.cost.bwd_flops) * (1 - 1 / op.spec.group_size) for op in graph.nodes
-                     if op.spec.variant is OpVariant.REPLICATED_WEIGHT)
-    micro_batches = knobs.grad_accum_steps * knobs.parallel.world_size
-    model_flops = (per_micro_flops - replicated) * micro_batches
-    hardware_flops = (per_micro_flops + timeline.recompute_flops) * micro_batches
-    peak_flops = hw.peak_flops_per_s[spec.matmul_precision] * knobs.parallel.world_size
+    model_flops = program.model_flops_per_step()
+    hardware_flops = program.hardware_flops_per_step({0: timeline.recompute_flops})
+    peak_flops = hw.peak_flops_per_s[spec.matmul_precision] * program.world_size
     cap = hbm_cap_bytes if hbm_cap_bytes is not None else hw.hbm_bytes
     peak = timeline.peak.bytes
     device = device_bytes(peak, hw)

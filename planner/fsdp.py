@@ -39,13 +39,15 @@ from dataclasses import dataclass
 
 from hardware.dtypes import DType
 from hardware.profile import HardwareProfile
+from planner.engine import Accumulate, EngineHooks, StaticMemory
 from planner.graph import LayerGraph
 from planner.knobs import GradSync
-from planner.memory_types import CATEGORIES, Category, Phase, StaticMemory, Timeline
-from planner.parallel import Collective, Communication, ParallelConfig, fsdp_shard_numel, overlapped_s, ring_time_s
+from planner.memory_types import CATEGORIES, Category, Live, Phase
+from planner.parallel import Collective, ParallelConfig, fsdp_shard_numel, ring_time_s
 from planner.precision import PrecisionPolicy
-from planner.schedule import Schedule
-from planner.walk import Live, Prepared, Walk, WalkHooks
+from planner.schedule import Event
+from planner.step_time import Collectives
+from planner.walk import Prepared, Walk
 
 _PARAMS = CATEGORIES.index(Category.PARAMS)
 _GRADS = CATEGORIES.index(Category.GRADS)
@@ -201,14 +203,27 @@ def fsdp_static(layout: FsdpLayout, state_tensors_per_param: int, step_temporari
         data_bytes=data_bytes,
         grads_bytes=sum(u.sharded_grad_bytes for u in layout.units),
         optimizer_step_temp_bytes=step_temporaries_per_param * shards,
-        sharding=layout,
+        engine=FsdpEngine(layout),
     )
 
 
-class _FsdpHooks(WalkHooks):
+@dataclass(frozen=True)
+class FsdpEngine(Accumulate):
+    """FSDP2's memory in the step's walk: gathers, copy-outs and reduce-scatters around each unit."""
+
+    layout: FsdpLayout | None = None
+    memory_depends_on_sync = True  # a backward without sync keeps its unsharded gradients
+
+    def hooks(self, prep: Prepared, static: StaticMemory, first_micro_batch: int) -> EngineHooks:
+        assert self.layout is not None
+        return _FsdpHooks(self.layout, prep, static, first_micro_batch)
+
+
+class _FsdpHooks(EngineHooks):
     """FSDP2's buffers around the walk of one step (the object lives across micro-batches)."""
 
-    def __init__(self, layout: FsdpLayout, prep: Prepared) -> None:
+    def __init__(self, layout: FsdpLayout, prep: Prepared, static: StaticMemory, first_micro_batch: int) -> None:
+        super().__init__(prep, static, first_micro_batch)
         self.layout = layout
         self.stage3 = layout.stage == 3
         self.names = prep.names
@@ -248,7 +263,21 @@ class _FsdpHooks(WalkHooks):
             return frozenset()
         return frozenset(p for u in self.layout.units if u.name in self.held for p in u.params)
 
-    # --- events ---------------------------------------------------------------------------------
+    # --- the step's events ------------------------------------------------------------------------
+    def new_walk(self, units: dict[int, int], live: Live, event: Event) -> Walk:
+        """Gradients are allocated afresh by each micro-batch and freed at each unit's
+        post-backward, except the unsharded ones a micro-batch without sync left allocated."""
+        self.sync = event.sync
+        return Walk(self.prep, units, live, grads_exist=False, hooks=self, unit_grads=True,
+                    held_grads=self.held_params)
+
+    def before_backward_event(self, event: Event) -> None:
+        self.sync = event.sync
+
+    def after_backward_event(self, walk: Walk, event: Event) -> None:
+        pass
+
+    # --- around the ops -----------------------------------------------------------------------------
     def _all_gather(self, live: Live, unit: ShardUnit, phase: Phase, op: str) -> int:
         live.add(_TEMPORARIES, unit.gather_input_bytes + unit.gather_output_bytes)
         live.observe(phase, op, event=f"all-gather {unit.name}")
@@ -392,56 +421,14 @@ class _FsdpHooks(WalkHooks):
         self.held_reduce = 0
 
 
-def simulate_fsdp_step(prep: Prepared, static: StaticMemory, units: dict[int, int], schedule: Schedule,
-                       record_trace: bool = False) -> Timeline:
-    """Walk one steady-state step of rank 0 under FSDP2 (``static.sharding``), event by event of
-    its schedule (a backward whose event does not sync keeps its unsharded gradients)."""
-    layout = static.sharding
-    assert layout is not None
-    live = Live(record_trace)
-    live.add(_PARAMS, static.params_bytes)
-    live.add(_OPTIMIZER, static.optimizer_bytes)
-    live.add(_DATA, static.data_bytes)
-    live.observe(Phase.FORWARD, "start")
-    hooks = _FsdpHooks(layout, prep)
-    activations = logits = 0
-    walks: dict[int, Walk] = {}
-    walk: Walk | None = None
-    for event in schedule.events:
-        live.micro_batch = event.micro_batch
-        if event.phase is Phase.FORWARD:
-            hooks.sync = event.sync
-            walk = walks[event.micro_batch] = Walk(prep, units, live, grads_exist=False, hooks=hooks, unit_grads=True,
-                                                   held_grads=hooks.held_params)
-            activations, logits = walk.forward()
-        elif event.phase is Phase.BACKWARD:
-            hooks.sync = event.sync
-            walk = walks.pop(event.micro_batch)
-            walk.backward()
-        else:
-            live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
-    assert live.peak is not None and walk is not None
-    return Timeline(
-        peak=live.peak,
-        activations_bytes=activations,
-        logits_bytes=logits,
-        recompute_flops=walk.recompute_flops,
-        recomputed_ops=frozenset(prep.names[i] for i in walk.recomputed),
-        trace=tuple(live.trace or ()),
-    )
+def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: ParallelConfig) -> Collectives:
+    """The collectives FSDP2 issues around one micro-batch (ring model, per rank).
 
-
-def fsdp_communication(layout: FsdpLayout, hw: HardwareProfile, parallel: ParallelConfig, grad_accum_steps: int,
-                       forward_s: float, backward_s: float) -> Communication:
-    """Collectives of one step and what compute hides of them, per rank (ring model).
-
-    Every micro-batch all-gathers every unit for its forward (stage 3: the blocks and the root
-    again for the backward) and reduce-scatters every unit's gradients (``GradSync.LAST``: only
-    the last micro-batch reduce-scatters). FSDP2 overlaps a unit's
-    all-gather with the previous unit's compute and a reduce-scatter with the next unit's
-    backward, so per micro-batch the exposed time is the root's all-gather (nothing runs before
-    it) and its reduce-scatter (nothing runs after it), plus whatever the collectives of the
-    blocks take beyond the compute they overlap. ``forward_s``/``backward_s``: one micro-batch.
+    Every micro-batch all-gathers every unit for its forward (ZeRO-3: the blocks and the root
+    again for the backward) and, in a backward that syncs, reduce-scatters every unit's gradients.
+    FSDP2 overlaps a unit's all-gather with the previous unit's compute and a reduce-scatter with
+    the next unit's backward; nothing runs before the root's all-gather, nor after its
+    reduce-scatter (autograd's final callback): ``planner.step_time`` places them so.
     """
     root, blocks = layout.root, [u for u in layout.units if u.block is not None]
 
@@ -459,32 +446,25 @@ def fsdp_communication(layout: FsdpLayout, hw: HardwareProfile, parallel: Parall
     def gather(units: Sequence[ShardUnit]) -> float:
         return over(units, Collective.ALL_GATHER, lambda u: u.gather_output_bytes)
 
-    def scatter(units: Sequence[ShardUnit]) -> float:
-        return over(units, Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes)
+    stage3 = layout.stage == 3
+    return Collectives(
+        before_forward_s=gather([root]),
+        during_forward_s=gather(blocks),
+        before_backward_s=gather([root]) if stage3 else 0.0,
+        during_backward_s=gather(blocks) if stage3 else 0.0,
+        during_sync_backward_s=over(blocks, Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes),
+        after_sync_backward_s=over([root], Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes),
+    )
 
-    fwd_blocks, bwd_blocks = gather(blocks), gather(blocks) if layout.stage == 3 else 0.0
-    root_gather, root_scatter, block_scatter = gather([root]), scatter([root]), scatter(blocks)
-    regather_root = root_gather if layout.stage == 3 else 0.0
-    slowdown = hw.overlap_compute_slowdown
-    forward_added, forward_slow = overlapped_s(forward_s, fwd_blocks, slowdown)
-    forward_exposed = root_gather + forward_added + regather_root
 
-    def backward_added(scatters: float) -> tuple[float, float]:
-        return overlapped_s(backward_s, bwd_blocks + scatters, slowdown)
-
-    gathers_total = root_gather + fwd_blocks + regather_root + bwd_blocks
-    scatters_total = block_scatter + root_scatter
-    # GradSync.LAST: only the last micro-batch reduce-scatters
+def fsdp_bytes_moved(layout: FsdpLayout, parallel: ParallelConfig, grad_accum_steps: int) -> float:
+    """Bytes one rank sends in a step: every micro-batch's all-gathers (twice under ZeRO-3), the
+    syncing micro-batches' reduce-scatters (ring: (N-1)/N of each collective's buffer)."""
     syncing = 1 if layout.grad_sync is GradSync.LAST else grad_accum_steps
-    quiet, syncs = backward_added(0.0), backward_added(block_scatter)
-    exposed = (grad_accum_steps * forward_exposed + (grad_accum_steps - syncing) * quiet[0]
-               + syncing * (syncs[0] + root_scatter))
-    slowed = grad_accum_steps * forward_slow + (grad_accum_steps - syncing) * quiet[1] + syncing * syncs[1]
     factor = (parallel.world_size - 1) / parallel.world_size
     gathered = sum(u.gather_output_bytes for u in layout.units) * (2 if layout.stage == 3 else 1)
     scattered = sum(u.reduce_input_bytes for u in layout.units)
-    return Communication(total_s=grad_accum_steps * gathers_total + syncing * scatters_total, exposed_s=exposed,
-                         bytes_moved=factor * (grad_accum_steps * gathered + syncing * scattered), slowdown_s=slowed)
+    return factor * (grad_accum_steps * gathered + syncing * scattered)
 
 
 def shard_fraction(layout: FsdpLayout, n_params: int) -> float:

@@ -124,9 +124,11 @@ class Knobs(BaseModel):
 
     @property
     def schedule(self) -> Schedule:
-        """The step's (micro-batch, phase) events: plain accumulation; under FSDP2 with
-        ``fsdp_grad_sync`` last only the last micro-batch reduces gradients."""
-        return accumulation(self.grad_accum_steps, sync_last=self.fsdp_grad_sync is GradSync.LAST)
+        """The step's (micro-batch, phase) events: plain accumulation. Which backwards reduce
+        gradients: DDP and ZeRO-1 only the last micro-batch's (``no_sync`` on the others), FSDP2
+        every one unless ``fsdp_grad_sync`` is last."""
+        ddp = self.parallel.data_parallel > 1 and not self.parallel.shards_parameters
+        return accumulation(self.grad_accum_steps, sync_last=ddp or self.fsdp_grad_sync is GradSync.LAST)
 
     @property
     def sequences_per_step(self) -> int:

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 
 from planner.cache import IdentityCache
 from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, CheckpointUnits, SaveList, op_units
-from planner.fsdp import simulate_fsdp_step
+from planner.engine import StaticMemory
 from planner.graph import LayerGraph
-from planner.memory_types import CATEGORIES, Category, PeakPoint, Phase, StaticMemory, Timeline, TraceEvent
+from planner.memory_types import Category, PeakPoint, Phase, Timeline, TraceEvent
 from planner.schedule import Schedule
 from planner.walk import Live, Prepared, Walk, recompute_span
 
@@ -126,33 +126,31 @@ def simulate_step(
     schedule: Schedule,
     record_trace: bool = False,
 ) -> Timeline:
-    """Walk one steady-state optimizer step, event by event of its schedule; return its peak and
-    where it happens."""
+    """Walk one steady-state step of a rank, event by event of its schedule; return its peak and
+    where it happens. The one event loop of every strategy: the rank's engine
+    (``static.engine``, ``planner.engine``) says what exists from the start and adds its buffers
+    through its hooks; the schedule says which micro-batch runs which phase, several of them in
+    flight at once where it interleaves them."""
     prep = _PREPARED.get((graph,), (round_bytes(1),), lambda: Prepared(graph, round_bytes))
-    if static.sharding is not None:
-        return simulate_fsdp_step(prep, static, units, schedule, record_trace)
+    engine = static.engine
+    events = schedule.events if engine.memory_depends_on_sync else schedule.ignoring_sync().events
     live = Live(record_trace)
-    live.add(CATEGORIES.index(Category.PARAMS), static.params_bytes)
-    live.add(CATEGORIES.index(Category.OPTIMIZER), static.optimizer_bytes)
-    live.add(CATEGORIES.index(Category.DATA), static.data_bytes)
-    if static.grads_resident:
-        live.add(CATEGORIES.index(Category.GRADS), static.grads_bytes)
+    hooks = engine.hooks(prep, static, events[0].micro_batch)
+    hooks.start_step(live)
     live.observe(Phase.FORWARD, "start")
     activations = logits = 0
     walks: dict[int, Walk] = {}
     walk: Walk | None = None
-    first = schedule.micro_batches[0]
-    for event in schedule.events:
+    for event in events:
         live.micro_batch = event.micro_batch
         if event.phase is Phase.FORWARD:
-            grads_exist = event.micro_batch != first or static.grads_resident
-            walk = walks[event.micro_batch] = Walk(prep, units, live, grads_exist=grads_exist)
+            walk = walks[event.micro_batch] = hooks.new_walk(units, live, event)
             activations, logits = walk.forward()
         elif event.phase is Phase.BACKWARD:
             walk = walks.pop(event.micro_batch)
+            hooks.before_backward_event(event)
             walk.backward()
-            if event.micro_batch == first and not static.grads_resident:
-                live.reset_grads(static.grads_bytes)
+            hooks.after_backward_event(walk, event)
         else:
             live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
     assert live.peak is not None and walk is not None

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from planner.fsdp import FsdpLayout
 
 
 class Phase(StrEnum):
@@ -47,19 +43,6 @@ class PeakPoint:
 
 
 CATEGORIES: tuple[Category, ...] = tuple(Category)
-
-
-@dataclass(frozen=True)
-class StaticMemory:
-    """Bytes that exist for the whole step (before gradients)."""
-
-    params_bytes: int
-    optimizer_bytes: int
-    data_bytes: int
-    grads_bytes: int  # when all gradients exist
-    optimizer_step_temp_bytes: int
-    grads_resident: bool = False  # DDP's gradient buckets: allocated once, alive for the whole step
-    sharding: FsdpLayout | None = None  # FSDP2 (ZeRO-2/3): the walk adds its gathers and reduce-scatters
 
 
 @dataclass(frozen=True)

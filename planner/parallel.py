@@ -33,6 +33,7 @@ from hardware.profile import HardwareProfile
 from planner.config import TrainConfig
 from planner.errors import ConfigError
 from planner.ops.base import ParamTensor
+from planner.step_time import Collectives
 
 MODELLED_STAGES = (0, 1, 2, 3)
 
@@ -121,49 +122,26 @@ def ddp_buckets(grad_bytes: Iterable[int], bucket_cap_bytes: int = 25 * 2**20) -
     return buckets + (1 if current else 0)
 
 
-class Communication(BaseModel):
-    """Collective time of one step on one rank, and what it adds to the step."""
-
-    model_config = ConfigDict(frozen=True)
-    total_s: float
-    exposed_s: float  # added to the step: collectives compute does not hide, and compute slowed under overlap
-    bytes_moved: float  # bytes each rank sends over its link
-    slowdown_s: float = 0.0  # of ``exposed_s``: compute running slower while collectives overlap it
-
-
-def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> tuple[float, float]:
-    """What ``comm_s`` of collectives issued alongside ``compute_s`` of compute add to it:
-    (added seconds, of which the compute's slowdown). Compute runs ``1 + slowdown`` times slower
-    while a collective overlaps it (the profile's ``overlap_compute_slowdown``, a published
-    average), only for as long as one does: a collective shorter than the slowed compute costs
-    ``comm_s x slowdown / (1 + slowdown)``; a longer one hides the compute and adds what it
-    outlasts it by."""
-    if comm_s <= 0:
-        return 0.0, 0.0
-    slow = 1.0 + slowdown
-    if comm_s >= compute_s * slow:
-        return comm_s - compute_s, compute_s * slowdown
-    extra = comm_s * slowdown / slow
-    return extra, extra
-
-
-def ddp_communication(grad_bytes: Sequence[int], param_bytes: int, broadcast_partitions: bool, hw: HardwareProfile,
-                      parallel: ParallelConfig, backward_window_s: float) -> Communication:
+def ddp_collectives(grad_bytes: Sequence[int], param_bytes: int, broadcast_partitions: bool, hw: HardwareProfile,
+                    parallel: ParallelConfig) -> Collectives:
     """DDP all-reduces the gradients once per step, bucket by bucket while the last micro-batch's
-    backward runs (``no_sync`` on the others): every bucket but the last overlaps that backward
-    (``overlapped_s``), the last one follows it. ZeRO-1 then broadcasts every rank's updated
-    partition, after the optimizer step: fully exposed."""
-    total_grad = float(sum(grad_bytes))
+    backward runs (``no_sync`` on the others): every bucket but the last beside that backward, the
+    last one after it. ZeRO-1 then broadcasts every rank's updated partition, after the optimizer
+    step (``planner.step_time`` places them)."""
     buckets = max(1, ddp_buckets(grad_bytes))
-    all_reduce = ring_time_s(total_grad, Collective.ALL_REDUCE, hw, parallel, buckets)
+    all_reduce = ring_time_s(float(sum(grad_bytes)), Collective.ALL_REDUCE, hw, parallel, buckets)
     last = all_reduce / buckets
-    added, slowdown = overlapped_s(backward_window_s, all_reduce - last, hw.overlap_compute_slowdown)
-    exposed = added + last
-    moved = 2.0 * (parallel.world_size - 1) / parallel.world_size * total_grad
-    total = all_reduce
-    if broadcast_partitions:  # ZeRO-1
-        broadcast = ring_time_s(param_bytes, Collective.ALL_GATHER, hw, parallel, parallel.world_size)
-        total += broadcast
-        exposed += broadcast
-        moved += (parallel.world_size - 1) / parallel.world_size * param_bytes
-    return Communication(total_s=total, exposed_s=exposed, bytes_moved=moved, slowdown_s=slowdown)
+    broadcast = (ring_time_s(param_bytes, Collective.ALL_GATHER, hw, parallel, parallel.world_size)
+                 if broadcast_partitions else 0.0)
+    return Collectives(during_sync_backward_s=all_reduce - last, after_sync_backward_s=last,
+                       after_optimizer_s=broadcast)
+
+
+def ddp_bytes_moved(grad_bytes: Sequence[int], param_bytes: int, broadcast_partitions: bool,
+                    parallel: ParallelConfig) -> float:
+    """Bytes one rank sends in a step: the ring all-reduce's 2(N-1)/N of the gradients, and
+    ZeRO-1's broadcast of the updated partitions, (N-1)/N of the parameters."""
+    factor = (parallel.world_size - 1) / parallel.world_size
+    return 2.0 * factor * float(sum(grad_bytes)) + (factor * param_bytes if broadcast_partitions else 0.0)
+
+

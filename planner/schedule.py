@@ -35,6 +35,12 @@ class Event:
 class Schedule:
     events: tuple[Event, ...]  # the walked events, in order
     n_micro_batches: int
+    sync_last: bool = False  # accumulation where only the last micro-batch syncs gradients
+
+    def ignoring_sync(self) -> Schedule:
+        """The same step for a walk whose allocations do not depend on which backward syncs
+        (DDP's resident buckets): the last micro-batch of ``sync_last`` is the middle ones' twin."""
+        return accumulation(self.n_micro_batches) if self.sync_last else self
 
     def count(self, phase: Phase) -> int:
         """How many events of ``phase`` the full step has."""
@@ -61,4 +67,4 @@ def accumulation(n_micro_batches: int, sync_last: bool = False) -> Schedule:
         sync = not sync_last or mb == n - 1
         events += [Event(mb, Phase.FORWARD, repeats, sync), Event(mb, Phase.BACKWARD, repeats, sync)]
     events.append(Event(n - 1, Phase.OPTIMIZER))
-    return Schedule(events=tuple(events), n_micro_batches=n)
+    return Schedule(events=tuple(events), n_micro_batches=n, sync_last=sync_last)

@@ -1,16 +1,17 @@
-"""Step time from the roofline (DESIGN.md "Time model").
+"""Op times from the roofline, and a step's compute time summed over its schedule.
 
 Per op: ``max(flops / (peak * eff_compute), bytes / (bw * eff_memory)) + launches``, forward and
-backward separately; a step is ``grad_accum_steps x (forward + backward + recompute)`` plus the
-optimizer step (memory-bound: it streams parameters, gradients and state). The lower bound is
-the same sum with ideal peaks and no launch overhead.
+backward separately (docs/design.md "Time"); a step's compute is ``grad_accum_steps x (forward +
+backward + recompute)`` plus the optimizer step (memory-bound: it streams parameters, gradients and
+state). The lower bound is the same sum with ideal peaks and no launch overhead. What the
+data-parallel collectives add is read off the rank's timeline (``planner.step_time``).
 """
 
 from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from hardware.collectives import collective_lower_bound_s, collective_time_s
 from hardware.dtypes import ComputePrecision, DType
@@ -22,6 +23,7 @@ from planner.memory_types import Phase
 from planner.ops.base import CollectiveCall, LayerCost, MeshDim, OpKind
 from planner.optimizer import OptimizerSpec
 from planner.schedule import Schedule
+from planner.timeline import RankTimeline
 
 # torch's multi_tensor_apply launches one kernel per chunk of at most 36 tensors when four
 # tensor lists are passed (aten/src/ATen/native/cuda/MultiTensorApply.cuh depth_to_max_tensors).
@@ -101,7 +103,10 @@ def group_ops(ops: tuple[OpRoofline, ...], grad_accum_steps: int) -> tuple[OpGro
 
 
 class TimeBreakdown(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    """One rank's step time, by what it is spent on (``step_time_s`` is its timeline's span once
+    the collectives are placed, ``planner.step_time``)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     forward_s: float
     backward_s: float
     recompute_s: float
@@ -112,6 +117,7 @@ class TimeBreakdown(BaseModel):
     expert_parallel_s: float = 0.0  # expert parallelism's all-to-alls, on the critical path
     step_time_s: float
     lower_bound_s: float
+    timeline: RankTimeline | None = Field(default=None, exclude=True, repr=False)  # tasks, streams, critical path
 
 
 class _Timed(BaseModel):

@@ -12,15 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hardware.profile import HardwareProfile
+from planner.engine import StaticMemory
 from planner.errors import ConfigError
 from planner.graph import LayerGraph
 from planner.knobs import Knobs
-from planner.memory_types import StaticMemory
 from planner.ops.base import ParamTensor
 from planner.optimizer import OptimizerSpec
-from planner.parallel import Communication
 from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
-from planner.timing import TimeBreakdown
+from planner.step_time import NO_COLLECTIVES, Collectives
 
 
 class SingleDevice:
@@ -61,10 +60,13 @@ class SingleDevice:
         """The share of the parameters this rank's optimizer updates."""
         return 1.0
 
-    def communication(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
-                      time: TimeBreakdown) -> Communication | None:
-        """This rank's collectives of one step and what compute hides of them (None: none)."""
-        return None
+    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> Collectives:
+        """This rank's data-parallel collectives around one micro-batch (``planner.step_time``)."""
+        return NO_COLLECTIVES
+
+    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> float:
+        """Bytes this rank's data-parallel collectives send in one step."""
+        return 0.0
 
     def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,
                                 hw: HardwareProfile, state_tensors_per_param: int) -> int:

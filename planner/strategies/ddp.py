@@ -13,16 +13,16 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from hardware.profile import HardwareProfile
+from planner.engine import ResidentGradients, StaticMemory
 from planner.graph import LayerGraph
 from planner.knobs import Knobs
-from planner.memory_types import StaticMemory
 from planner.ops.base import ParamTensor
 from planner.optimizer import OptimizerSpec
-from planner.parallel import Communication, ParallelConfig, ddp_communication, zero1_partition
+from planner.parallel import ParallelConfig, ddp_bytes_moved, ddp_collectives, zero1_partition
 from planner.parallel_dims import Group
 from planner.precision import PrecisionSpec
+from planner.step_time import Collectives
 from planner.strategies.base import SingleDevice
-from planner.timing import TimeBreakdown
 
 
 class Ddp(SingleDevice):
@@ -41,16 +41,21 @@ class Ddp(SingleDevice):
 
     def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
                base: StaticMemory) -> StaticMemory:
-        return replace(base, grads_resident=True)
+        return replace(base, engine=ResidentGradients())
 
-    def communication(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
-                      time: TimeBreakdown) -> Communication | None:
+    def _group(self, knobs: Knobs, gpus_per_node: int) -> ParallelConfig:
+        return ParallelConfig(world_size=knobs.data_parallel,
+                              gpus_per_node=knobs.parallel.ranks_per_node(Group.DP, gpus_per_node))
+
+    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> Collectives:
         grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.grad_tensors.values()]
         param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
-        window = (time.backward_s + time.recompute_s) / knobs.grad_accum_steps  # the last micro-batch's backward
-        return ddp_communication(grad_bytes, param_bytes, self.shards_optimizer, hw,
-                                 ParallelConfig(world_size=knobs.data_parallel,
-                                                gpus_per_node=knobs.parallel.ranks_per_node(Group.DP, gpus_per_node)), window)
+        return ddp_collectives(grad_bytes, param_bytes, self.shards_optimizer, hw, self._group(knobs, gpus_per_node))
+
+    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> float:
+        grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.grad_tensors.values()]
+        param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
+        return ddp_bytes_moved(grad_bytes, param_bytes, self.shards_optimizer, self._group(knobs, gpus_per_node))
 
     def _grads_at_loss(self, knobs: Knobs) -> bool:
         return True  # DDP's buckets exist for the whole step
@@ -74,7 +79,8 @@ class ZeroOne(Ddp):
         one = max(sum(hw.round_alloc(p.numel * bytes_per) for p in part) for part in partitions)
         scalars = hw.round_alloc(4) * max(len(part) for part in partitions) if opt.device_step_scalar else 0
         return replace(base, optimizer_bytes=opt.state_tensors_per_param * one + scalars,
-                       optimizer_step_temp_bytes=opt.step_temporaries_per_param * one, grads_resident=True)
+                       optimizer_step_temp_bytes=opt.step_temporaries_per_param * one,
+                       engine=ResidentGradients())
 
     def optimizer_shard_fraction(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
         partitions = zero1_partition(list(graph.param_specs.values()), knobs.data_parallel)

@@ -14,20 +14,29 @@ from collections.abc import Mapping
 
 from hardware.profile import HardwareProfile
 from planner.cache import IdentityCache
-from planner.fsdp import FSDP_PRECISIONS, FsdpLayout, fsdp_communication, fsdp_layout, fsdp_static, shard_fraction
+from planner.engine import StaticMemory
+from planner.fsdp import (
+    FSDP_PRECISIONS,
+    FsdpLayout,
+    fsdp_bytes_moved,
+    fsdp_collectives,
+    fsdp_layout,
+    fsdp_static,
+    shard_fraction,
+)
 from planner.graph import LayerGraph
 from planner.knobs import GradSync, Knobs
 from planner.memory import buffer_bytes
-from planner.memory_types import StaticMemory
 from planner.ops.base import ParamTensor
 from planner.optimizer import OptimizerSpec
-from planner.parallel import Communication, ParallelConfig
+from planner.parallel import ParallelConfig
 from planner.parallel_dims import Group
 from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
+from planner.step_time import Collectives
 from planner.strategies.base import SingleDevice, refuse
-from planner.timing import TimeBreakdown
 
 _LAYOUTS: IdentityCache[FsdpLayout] = IdentityCache()
+_COLLECTIVES: IdentityCache[Collectives] = IdentityCache()
 
 
 class Fsdp2(SingleDevice):
@@ -91,13 +100,18 @@ class Fsdp2(SingleDevice):
     def optimizer_shard_fraction(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
         return shard_fraction(self.layout(graph, knobs, hw), graph.n_params)
 
-    def communication(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
-                      time: TimeBreakdown) -> Communication | None:
-        n = knobs.grad_accum_steps
-        return fsdp_communication(self.layout(graph, knobs, hw), hw,
-                                  ParallelConfig(world_size=knobs.parallel.fsdp_ranks,
-                                                 gpus_per_node=knobs.parallel.ranks_per_node(Group.FSDP, gpus_per_node)), n,
-                                  time.forward_s / n, (time.backward_s + time.recompute_s) / n)
+    def _group(self, knobs: Knobs, gpus_per_node: int) -> ParallelConfig:
+        return ParallelConfig(world_size=knobs.parallel.fsdp_ranks,
+                              gpus_per_node=knobs.parallel.ranks_per_node(Group.FSDP, gpus_per_node))
+
+    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> Collectives:
+        layout = self.layout(graph, knobs, hw)
+        group = self._group(knobs, gpus_per_node)
+        return _COLLECTIVES.get((layout, hw), (group,), lambda: fsdp_collectives(layout, hw, group))
+
+    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> float:
+        return fsdp_bytes_moved(self.layout(graph, knobs, hw), self._group(knobs, gpus_per_node),
+                                knobs.grad_accum_steps)
 
     def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,
                                 hw: HardwareProfile, state_tensors_per_param: int) -> int:
