@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.memory_types import CATEGORIES, Category, Live
+from planner.prepared import Prepared
 from planner.schedule import Event
-from planner.walk import Prepared, Walk, WalkHooks
+from planner.walk import Walk, WalkHooks
 
 _PARAMS, _GRADS, _OPTIMIZER, _DATA = (CATEGORIES.index(c) for c in (Category.PARAMS, Category.GRADS,
                                                                     Category.OPTIMIZER, Category.DATA))

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from planner.blocks import ModelDesc, OpDesc, describe
+from planner.blocks import describe
 from planner.config import ModelConfig
+from planner.description import ModelDesc, OpDesc
 from planner.ops.base import HIDDEN_STATE_LOSSES, LayerCost, LayerSpec, OpContext, OpKind, ParamTensor, TensorInfo
 from planner.ops.catalog import cost_of
 from planner.precision import PrecisionSpec

@@ -31,16 +31,13 @@ read from its source at the version named here:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
 from planner.config import Activation, Family, Implementation, LossKind, MlpKind, ModelConfig
+from planner.description import ModelDesc, OpDesc
 from planner.ops.base import OpKind, OpVariant
 from planner.ops.impl_losses import TORCHTITAN_LOSS_CHUNKS
-
-if TYPE_CHECKING:  # planner.blocks calls ``adapt``: no import back at run time
-    from planner.blocks import ModelDesc, OpDesc
 
 
 class ImplementationSpec(BaseModel):

@@ -21,9 +21,10 @@ from planner.cache import IdentityCache
 from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, CheckpointUnits, SaveList, op_units
 from planner.engine import StaticMemory
 from planner.graph import LayerGraph
-from planner.memory_types import Category, PeakPoint, Phase, Timeline, TraceEvent
+from planner.memory_types import Category, Live, PeakPoint, Phase, Timeline, TraceEvent
+from planner.prepared import Prepared, recompute_span
 from planner.schedule import Schedule
-from planner.walk import Live, Prepared, Walk, recompute_span
+from planner.walk import Walk
 
 _PREPARED: IdentityCache[Prepared] = IdentityCache()
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.blocks import ModelDesc
 from planner.config import AttentionImpl, Implementation, LossKind, ModelConfig, PositionKind
+from planner.description import ModelDesc
 from planner.errors import ConfigError
 from planner.implementations import effective_loss
 from planner.ops.base import OpKind

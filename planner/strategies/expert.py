@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.blocks import ModelDesc, OpDesc
 from planner.config import ModelConfig
+from planner.description import ModelDesc, OpDesc
 from planner.errors import ConfigError
 from planner.ops.base import OpKind
 from planner.parallel_dims import ParallelDims

@@ -21,9 +21,9 @@ from planner.fsdp import (
     fsdp_bytes_moved,
     fsdp_collectives,
     fsdp_layout,
-    fsdp_static,
     shard_fraction,
 )
+from planner.fsdp_engine import fsdp_static
 from planner.graph import LayerGraph
 from planner.knobs import GradSync, Knobs
 from planner.memory import buffer_bytes

@@ -33,8 +33,9 @@ import math
 from dataclasses import replace
 from functools import lru_cache
 
-from planner.blocks import ModelDesc, OpDesc, TpRole, describe
+from planner.blocks import describe
 from planner.config import Implementation, LossKind, ModelConfig, PositionKind
+from planner.description import ModelDesc, OpDesc, TpRole
 from planner.errors import ConfigError
 from planner.implementations import effective_loss
 from planner.ops.base import OpKind, ParamTensor

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.blocks import ModelDesc, OpDesc, TpRole
 from planner.config import ModelConfig
+from planner.description import ModelDesc, OpDesc, TpRole
 from planner.errors import ConfigError
 from planner.moe_config import ExpertActivation
 from planner.ops.base import OpKind, OpVariant

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.blocks import TpRole, describe
+from planner.blocks import describe
 from planner.config import AttentionImpl, ModelConfig
+from planner.description import TpRole
 from planner.graph import build_graph
 from planner.model_io import load_preset
 from planner.params import param_tensors

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner.blocks import TpRole, describe
+from planner.blocks import describe
 from planner.config import ModelConfig, TrainConfig
+from planner.description import TpRole
 from planner.errors import ConfigError
 from planner.estimate import check_knobs, estimate, peak_lower_bound, rank_graph
 from planner.knobs import Knobs
