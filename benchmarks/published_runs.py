@@ -53,7 +53,7 @@ llm-foundry's default), while roofplan holds fp32 log-probabilities and their gr
 (B x T x V x 4 bytes several times): most rows predicted not to fit peak at the loss, without
 checkpointing.
 
-Fitted (``--fit``), on the fit half only: per GPU type, ``step_efficiency`` and the causal rate of the
+Fitted (``benchmarks/published_fit.py``), on the fit half only: per GPU type, ``step_efficiency`` and the causal rate of the
 Triton attention kernel (its only published figures, the FlashAttention README's A100 bars, were
 taken with a different Triton compiler and read 35% below what these runs imply; no H100 figure is
 published; docs/kernel_benchmarks.md 2.7). Everything else is priced from kernel benchmarks. Uses only the public API (roofplan.api, planner.params,
@@ -76,7 +76,6 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from hardware.kernels import AttentionCurve, AttentionKernel, Direction  # noqa: E402
 from hardware.profile import HardwareProfile  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
 from planner.params import count_params  # noqa: E402
@@ -87,7 +86,7 @@ RUNS_CSV = FIXTURES / "llm_foundry_benchmarks.csv"
 MODELS_CSV = FIXTURES / "mpt_models.csv"
 GPUS_PER_NODE = 8
 RUNS_ATTENTION_KERNEL = "flash-triton"  # the runs' attn_impl: triton (mpt_models.csv)
-TRITON_SOURCE = ("fitted: fit half of llm-foundry's published MPT runs (benchmarks/published_runs.py --fit); "
+TRITON_SOURCE = ("fitted: fit half of llm-foundry's published MPT runs (benchmarks/published_fit.py); "
                  "docs/kernel_benchmarks.md 2.7")
 
 HARDWARE = {"h100_80gb": "h100-sxm", "a100_80gb": "a100-sxm-80gb", "a100_40gb": "a100-sxm-40gb"}
@@ -310,64 +309,11 @@ def print_summary(summary: list[dict[str, object]]) -> None:
     print()
 
 
-def _bisect(median_error: Callable[[float], float], low: float, high: float, rounds: int) -> float:
-    """The value in [low, high] where ``median_error`` (growing with the value) crosses zero."""
-    for _ in range(rounds):
-        middle = (low + high) / 2
-        if median_error(middle) > 0:
-            high = middle
-        else:
-            low = middle
-    return (low + high) / 2
-
-
-def _median_error(rows: list[dict[str, str]], models: dict[str, dict[str, str]], profile: str,
-                  hardware: HardwareProfile) -> float:
-    errors = [r.error for r in (plan_row(row, models, {profile: hardware}) for row in rows) if r.error is not None]
-    return statistics.median(errors)
-
-
-def with_triton_rate(hardware: HardwareProfile, tflops: float) -> HardwareProfile:
-    """``hardware`` with llm-foundry's Triton attention kernel at one causal rate (any head dim, any
-    length: the runs' marginal rates are flat from 4k to 64k tokens and alike at head dims 64 and 128)."""
-    kept = tuple(c for c in hardware.attention_curves if c.kernel is not AttentionKernel.FLASH_TRITON)
-    fitted = AttentionCurve(kernel=AttentionKernel.FLASH_TRITON, direction=Direction.FWD_BWD, causal=True,
-                            head_dim=128, seq_lens=(8192,), tflops=(round(tflops, 1),), source=TRITON_SOURCE)
-    return hardware.model_copy(update={"attention_curves": (*kept, fitted)})
-
-
-def fit_profile(rows: list[dict[str, str]], models: dict[str, dict[str, str]], profile: str,
-                rounds: int = 12, sweeps: int = 5) -> tuple[HardwareProfile, float, float]:
-    """Fit two numbers of ``profile`` on ``rows`` (its fit half), by alternating bisections: the
-    Triton attention kernel's causal rate, so that the median error of the rows of at least 8k tokens
-    is zero (the context where attention is most of the step), and ``step_efficiency``, so that the
-    median error of all rows is zero. Returns the fitted profile and both medians."""
-    hardware = load_hardware(profile)
-    long_rows = [r for r in rows if int(r["seq_len"]) >= 8192]
-    rate = next((c.tflops[0] for c in hardware.attention_curves if c.kernel is AttentionKernel.FLASH_TRITON), 100.0)
-    for _ in range(sweeps):
-        hardware = with_triton_rate(hardware, rate)
-        efficiency = round(_bisect(lambda v, hw=hardware: _median_error(
-            rows, models, profile, hw.model_copy(update={"step_efficiency": v})), 0.3, 1.0, rounds), 3)
-        hardware = hardware.model_copy(update={"step_efficiency": efficiency})
-        if long_rows:
-            rate = _bisect(lambda v, hw=hardware: _median_error(long_rows, models, profile, with_triton_rate(hw, v)),
-                           20.0, 1000.0, rounds)
-    hardware = with_triton_rate(hardware, rate)
-    long_error = _median_error(long_rows, models, profile, hardware) if long_rows else float("nan")
-    return hardware, _median_error(rows, models, profile, hardware), long_error
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", action="store_true", help="print one line per planned run")
     parser.add_argument("--json", action="store_true", help="print per-row results and summaries as JSON")
-    parser.add_argument("--fit", action="store_true",
-                        help="fit each profile's step_efficiency on the fit half of the rows (alternate rows of "
-                             "each table) and report the test half with it")
     args = parser.parse_args(argv)
-    if args.fit:
-        return fit_main()
 
     start = time.perf_counter()
     models = {m["model"]: m for m in read_csv(MODELS_CSV)}
@@ -408,56 +354,6 @@ def main(argv: list[str] | None = None) -> int:
               f"checkpointing {'every block' if r.checkpointing else 'none'}: {r.device_gb:.1f} GB "
               f"> {r.hbm_cap_gb:.1f} GB")
     print(f"\n{wall:.1f} s")
-    return 0
-
-
-def marginal_attention_rates(rows: list[dict[str, str]], models: dict[str, dict[str, str]]) -> dict[str, list[float]]:
-    """Model-free attention rates (TFLOP/s) per GPU read off the published rows alone: for two runs of
-    one model on one GPU type and GPU count, same checkpointing, contexts T1 < T2 (both >= 4k), the
-    extra seconds per token over the extra attention FLOPs per token. FlashAttention's convention:
-    causal forward ``2 T D`` per token and layer, backward 2.5 x forward, checkpointing recomputes
-    the forward once: ``(7 or 9) L T D``. Everything else that grows with T (the learned position
-    table) is counted as attention, so these are lower bounds of the kernel's in-step rate."""
-    groups: dict[tuple[str, ...], list[dict[str, str]]] = {}
-    for row in rows:
-        if row["precision"] in ("amp_bf16", "bf16") and int(row["seq_len"]) >= 4096:
-            key = (row["gpu"], row["table"], row["model"], row["n_gpus"], row["activation_checkpointing"])
-            groups.setdefault(key, []).append(row)
-    rates: dict[str, list[float]] = {}
-    for (gpu, _table, model, _n, checkpointed), runs in sorted(groups.items()):
-        arch = models[model]
-        per_t = (9 if _bool(checkpointed) else 7) * int(arch["n_layers"]) * int(arch["d_model"])
-        runs.sort(key=lambda r: int(r["seq_len"]))
-        for a, b in zip(runs, runs[1:], strict=False):
-            extra_s = 1 / float(b["throughput_tokens_per_s_per_gpu"]) - 1 / float(a["throughput_tokens_per_s_per_gpu"])
-            extra_flops = per_t * (int(b["seq_len"]) - int(a["seq_len"]))
-            if extra_s > 0:
-                rates.setdefault(gpu, []).append(extra_flops / extra_s / 1e12)
-    return rates
-
-
-def fit_main() -> int:
-    """Fit each profile's Triton attention rate and ``step_efficiency`` on the fit half; print them
-    and the test half's errors with them."""
-    models = {m["model"]: m for m in read_csv(MODELS_CSV)}
-    rows = read_csv(RUNS_CSV)
-    halves = split_half(rows)
-    fitted: dict[str, HardwareProfile] = {}
-    for profile in sorted({HARDWARE[r["gpu"]] for r in rows if r["gpu"] in HARDWARE}):
-        fit_rows = [r for r, h in zip(rows, halves, strict=True) if h == "fit" and HARDWARE.get(r["gpu"]) == profile]
-        hardware, error, long_error = fit_profile(fit_rows, models, profile)
-        fitted[profile] = hardware
-        rate = next(c.tflops[0] for c in hardware.attention_curves if c.kernel is AttentionKernel.FLASH_TRITON)
-        print(f"{profile}: step_efficiency {hardware.step_efficiency}, flash-triton causal {rate} TFLOP/s "
-              f"(fit half: {len(fit_rows)} rows, median error {error:+.1%}; >= 8k tokens {long_error:+.1%})")
-    print("\nModel-free marginal attention rates of the fit half (marginal_attention_rates), TFLOP/s:")
-    fit_half = [r for r, h in zip(rows, halves, strict=True) if h == "fit"]
-    for gpu, rates in marginal_attention_rates(fit_half, models).items():
-        print(f"  {gpu}: median {statistics.median(rates):.0f} over {len(rates)} pairs "
-              f"({min(rates):.0f}-{max(rates):.0f})")
-    test = [plan_row(r, models, fitted) for r, h in zip(rows, halves, strict=True) if h == "test"]
-    print("\nTest half, with the fitted values:")
-    print_summary(summarize(test))
     return 0
 
 

@@ -59,7 +59,7 @@ def test_per_gpu_type_on_the_test_half(planned: dict[str, list[Result]], gpu: st
 @pytest.mark.parametrize(("gpu", "profile"), [("a100_40gb", "a100-sxm-40gb"), ("a100_80gb", "a100-sxm-80gb"),
                                               ("h100_80gb", "h100-sxm")])
 def test_the_stored_fit_reproduces_its_half(planned: dict[str, list[Result]], gpu: str, profile: str) -> None:
-    """The profiles' step_efficiency and flash-triton rate are what `published_runs.py --fit` found:
+    """The profiles' step_efficiency and flash-triton rate are what `published_fit.py` found:
     on the fit half the median error of all rows, and of the rows of 8k tokens or more, is zero
     (within rounding of the stored values); where step_efficiency is at its ceiling (1.0: kernels
     cannot run faster in a step than alone) the model may stay pessimistic, never optimistic."""
