@@ -14,7 +14,10 @@ from hardware.kernels import AttentionKernel
 from planner.mla_config import MlaConfig
 from planner.model_checks import shape_problems, with_family_defaults
 from planner.model_kinds import (
+    IMPLEMENTATION_GPT2_ACTIVATION,
+    IMPLEMENTATION_LOSS,
     MOE_FAMILIES,
+    TORCHTITAN_LOSS_CHUNKS,
     Activation,
     AttentionImpl,
     Family,
@@ -178,3 +181,23 @@ class TrainConfig(BaseModel):
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch_size
+
+
+def effective_activation(model: ModelConfig) -> Activation:
+    """The activation the implementation computes: the model's, else the implementation's
+    default (the reference runs every GELU as the fused tanh kernel, whatever the field says)."""
+    if model.mlp is MlpKind.SWIGLU:
+        return Activation.SILU
+    if model.implementation is Implementation.REFERENCE:
+        return Activation.GELU_PYTORCH_TANH
+    return model.activation or IMPLEMENTATION_GPT2_ACTIVATION[model.implementation]
+
+
+def effective_loss(model: ModelConfig) -> LossKind:
+    """The loss the model trains with: the file's, else its implementation's default."""
+    return LossKind(model.loss) if model.loss is not None else IMPLEMENTATION_LOSS[model.implementation]
+
+
+def effective_loss_chunks(model: ModelConfig) -> int:
+    """Sequence chunks of the chunked loss: the file's, else torchtitan's default."""
+    return model.loss_chunks or TORCHTITAN_LOSS_CHUNKS

@@ -34,10 +34,20 @@ from dataclasses import replace
 
 from pydantic import BaseModel, ConfigDict
 
-from planner.config import Activation, Family, Implementation, LossKind, MlpKind, ModelConfig
+from planner.config import (
+    IMPLEMENTATION_GPT2_ACTIVATION,
+    IMPLEMENTATION_LOSS,
+    Activation,
+    Family,
+    Implementation,
+    LossKind,
+    ModelConfig,
+    effective_activation,
+    effective_loss,
+    effective_loss_chunks,
+)
 from planner.description import ModelDesc, OpDesc
 from planner.ops.base import OpKind, OpVariant
-from planner.ops.impl_losses import TORCHTITAN_LOSS_CHUNKS
 
 
 class ImplementationSpec(BaseModel):
@@ -61,8 +71,16 @@ class ImplementationSpec(BaseModel):
     embeddings_held: bool = False  # the embedding outputs stay alive until the final norm has run
     frames_held: bool = False  # q, k, v stay alive until the attention module returns; a block's
     # input until the block returns (its caller's loop variable)
-    loss: LossKind = LossKind.PLAIN  # its default loss
-    gpt2_activation: Activation = Activation.GELU_PYTORCH_TANH  # its GPT-2 MLP's default activation
+
+    @property
+    def loss(self) -> LossKind:
+        """Its default loss (``planner.model_kinds.IMPLEMENTATION_LOSS``)."""
+        return IMPLEMENTATION_LOSS[self.implementation]
+
+    @property
+    def gpt2_activation(self) -> Activation:
+        """Its GPT-2 MLP's default activation."""
+        return IMPLEMENTATION_GPT2_ACTIVATION[self.implementation]
 
 
 _ALL = (Family.GPT2, Family.LLAMA, Family.MISTRAL, Family.QWEN2)
@@ -76,11 +94,11 @@ IMPLEMENTATIONS: dict[Implementation, ImplementationSpec] = {
         fused_qkv=(Family.GPT2,), rope_tables=OpVariant.SCALED_TABLES, eager_mask=OpVariant.FLOAT_MASK,
         eager_core={Family.GPT2: OpVariant.EAGER_MASK_ADDED, Family.LLAMA: OpVariant.EAGER_FP32_SOFTMAX,
                     Family.MISTRAL: OpVariant.EAGER_FP32_SOFTMAX, Family.QWEN2: OpVariant.EAGER_FP32_SOFTMAX}, loss_labels=OpVariant.SHIFTED_LABELS,
-        outputs_held=True, embeddings_held=True, frames_held=True, gpt2_activation=Activation.GELU_NEW),
+        outputs_held=True, embeddings_held=True, frames_held=True),
     Implementation.TORCHTITAN: ImplementationSpec(
         implementation=Implementation.TORCHTITAN, library="torchtitan 0.3.0", families=(Family.LLAMA,),
         norm=OpVariant.NORM_FUSED, fused_qkv=(Family.LLAMA,), qkv_split_copies=True,
-        rotary=OpVariant.COMPLEX_ROTARY, rope_buffers=True, loss=LossKind.CHUNKED),
+        rotary=OpVariant.COMPLEX_ROTARY, rope_buffers=True),
 }
 
 _WRITTEN_GELUS = {Activation.GELU_NEW: OpVariant.GELU_NEW, Activation.GELU_FAST: OpVariant.GELU_FAST}
@@ -88,24 +106,6 @@ _WRITTEN_GELUS = {Activation.GELU_NEW: OpVariant.GELU_NEW, Activation.GELU_FAST:
 
 def implementation_spec(model: ModelConfig) -> ImplementationSpec:
     return IMPLEMENTATIONS[model.implementation]
-
-
-def effective_activation(model: ModelConfig) -> Activation:
-    """The activation the implementation computes: the model's, else the implementation's
-    default (the reference runs every GELU as the fused tanh kernel, whatever the field says)."""
-    if model.mlp is MlpKind.SWIGLU:
-        return Activation.SILU
-    if model.implementation is Implementation.REFERENCE:
-        return Activation.GELU_PYTORCH_TANH
-    return model.activation or implementation_spec(model).gpt2_activation
-
-
-def effective_loss(model: ModelConfig) -> LossKind:
-    return LossKind(model.loss) if model.loss is not None else implementation_spec(model).loss
-
-
-def effective_loss_chunks(model: ModelConfig) -> int:
-    return model.loss_chunks or TORCHTITAN_LOSS_CHUNKS
 
 
 def _variant(op: OpDesc, variant: OpVariant, **fields: object) -> OpDesc:

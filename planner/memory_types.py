@@ -5,12 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-
-class Phase(StrEnum):
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    RECOMPUTE = "recompute"
-    OPTIMIZER = "optimizer"
+from planner.schedule import Phase
 
 
 class Category(StrEnum):

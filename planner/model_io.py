@@ -40,10 +40,11 @@ from planner.config import (
     ModelConfig,
     PositionKind,
     TrainConfig,
+    effective_loss,
+    effective_loss_chunks,
 )
 from planner.errors import ConfigError, ConfigWarning, UnknownPresetError
 from planner.hf_config import hf_name, model_from_hf_config
-from planner.implementations import effective_loss, effective_loss_chunks
 from planner.model_checks import shape_problems, with_family_defaults
 
 _PRESET_DIR = "presets"

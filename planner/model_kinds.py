@@ -124,3 +124,16 @@ for _defaults in FAMILY_DEFAULTS.values():
     _defaults.setdefault("attention_sinks", False)
 MOE_FAMILIES = frozenset({Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.OLMOE, Family.DEEPSEEK_V3,
                           Family.GPT_OSS})
+
+
+# What each implementation's code runs where a model file does not say (read from its source, at
+# the versions planner.implementations names): its loss, and its GPT-2 MLP's activation.
+IMPLEMENTATION_LOSS: dict[Implementation, LossKind] = {
+    Implementation.REFERENCE: LossKind.PLAIN, Implementation.HF: LossKind.PLAIN,
+    Implementation.TORCHTITAN: LossKind.CHUNKED,  # torchtitan 0.3.0 ChunkedLossWrapper
+}
+IMPLEMENTATION_GPT2_ACTIVATION: dict[Implementation, Activation] = {
+    Implementation.REFERENCE: Activation.GELU_PYTORCH_TANH, Implementation.HF: Activation.GELU_NEW,  # GPT2Config
+    Implementation.TORCHTITAN: Activation.GELU_PYTORCH_TANH,
+}
+TORCHTITAN_LOSS_CHUNKS = 8  # torchtitan 0.3.0 ChunkedLossWrapper.Config.num_chunks

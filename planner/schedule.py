@@ -19,8 +19,14 @@ listed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from planner.memory_types import Phase
+
+class Phase(StrEnum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    OPTIMIZER = "optimizer"
 
 
 @dataclass(frozen=True)

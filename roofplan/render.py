@@ -133,7 +133,8 @@ def knobs_table(result: PlanResult) -> Table:
     table.add_row("optimizer", f"{t.optimizer.value} ({t.optimizer_impl.value})")
     model = result.model.config
     if model.implementation.value != "reference" or model.loss is not None:
-        from planner.implementations import effective_loss, implementation_spec
+        from planner.config import effective_loss
+        from planner.implementations import implementation_spec
 
         table.add_row("implementation", f"{model.implementation.value} ({implementation_spec(model).library}), "
                                         f"{effective_loss(model).value} loss")
@@ -191,8 +192,7 @@ def memory_table(result: PlanResult) -> Table:
         format_bytes(mem.activations_bytes),
     )
     vocab = f"{m.vocab_size}/{dims.tp}" if dims.tp > 1 else f"{m.vocab_size}"
-    from planner.config import LossKind
-    from planner.implementations import effective_loss
+    from planner.config import LossKind, effective_loss
 
     loss = effective_loss(m)
     table.add_row(

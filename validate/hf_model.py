@@ -24,9 +24,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hardware.errors import ConfigError
 from hardware.profile import HardwareProfile
-from planner.config import AttentionImpl, Implementation, LossKind, ModelConfig, TrainConfig
+from planner.config import AttentionImpl, Implementation, LossKind, ModelConfig, TrainConfig, effective_loss
 from planner.estimate import Estimate, cached_graph, estimate
-from planner.implementations import effective_loss
 from planner.knobs import Knobs
 from planner.precision import PrecisionSpec, precision_spec
 from planner.results import PlanResult

@@ -31,8 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hardware.errors import ConfigError
-from planner.config import AttentionImpl, Family, MlpKind, ModelConfig, NormKind, PositionKind
-from planner.implementations import effective_activation
+from planner.config import AttentionImpl, Family, MlpKind, ModelConfig, NormKind, PositionKind, effective_activation
 
 HF_VERSION = "5.24.0"  # the transformers whose sources planner.implementations describes
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.config import AttentionImpl, Implementation, LossKind, ModelConfig, PositionKind
+from planner.config import AttentionImpl, Implementation, LossKind, ModelConfig, PositionKind, effective_loss
 from planner.description import ModelDesc
 from planner.errors import ConfigError
-from planner.implementations import effective_loss
 from planner.ops.base import OpKind
 from planner.parallel_dims import ParallelDims
 

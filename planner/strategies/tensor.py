@@ -34,10 +34,9 @@ from dataclasses import replace
 from functools import lru_cache
 
 from planner.blocks import describe
-from planner.config import Implementation, LossKind, ModelConfig, PositionKind
+from planner.config import Implementation, LossKind, ModelConfig, PositionKind, effective_loss
 from planner.description import ModelDesc, OpDesc, TpRole
 from planner.errors import ConfigError
-from planner.implementations import effective_loss
 from planner.ops.base import OpKind, ParamTensor
 from planner.parallel_dims import ParallelDims
 from planner.strategies.expert import shard_experts

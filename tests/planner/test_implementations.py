@@ -21,10 +21,9 @@ import torchtitan_llama3 as titan  # noqa: E402  (tests/planner: a test helper)
 
 from hardware.registry import load_hardware  # noqa: E402
 from planner.blocks import describe  # noqa: E402
-from planner.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.config import ModelConfig, TrainConfig, effective_activation, effective_loss  # noqa: E402  # noqa: E402
 from planner.errors import ConfigError  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
-from planner.implementations import effective_activation, effective_loss  # noqa: E402
 from planner.knobs import Knobs  # noqa: E402
 from planner.model_io import resolve  # noqa: E402
 from planner.ops.impl_losses import liger_chunk_rows  # noqa: E402
