@@ -7,7 +7,7 @@ State per parameter, in the parameter's dtype (torch creates state with ``zeros_
 
 Step temporaries (torch/optim/adam.py ``_multi_tensor_adam``): the foreach path allocates
 ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, one parameter-sized tensor per parameter,
-alive until ``_foreach_addcdiv_``; the fused kernel updates in place. REFERENCES.md: a 7B Llama in
+alive until ``_foreach_addcdiv_``; the fused kernel updates in place. docs/references.md "Bytes per parameter": a 7B Llama in
 fp32 peaks at 125.8 GiB with foreach vs 100.7 GiB fused (params + grads + 2 moments (+ one
 param-sized temporary)). SGD foreach without weight decay updates in place.
 

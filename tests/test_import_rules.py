@@ -1,4 +1,4 @@
-"""The one-way flow of DESIGN.md, enforced by an ``ast`` walk over every module of our packages.
+"""The one-way flow of docs/design.md, enforced by an ``ast`` walk over every module of our packages.
 
     hardware  <-  planner  <-  search / validate  <-  roofplan (api, CLI, report, plots, advice)
 

@@ -1,7 +1,7 @@
 """FLOP counting with ``torch.utils.flop_counter.FlopCounterMode``, completed for CPU attention.
 
 The CPU build's fused attention (``_scaled_dot_product_flash_attention_for_cpu`` and its
-backward) has no formula in FlopCounterMode and would count 0 (REFERENCES.md). We register one
+backward) has no formula in FlopCounterMode and would count 0 (docs/references.md "Counting FLOPs"). We register one
 with the same convention as torch's own SDPA formulas (torch/utils/flop_counter.py
 ``sdpa_flop_count``): QK^T and PV at 2 FLOPs per multiply-add over the full T x S square,
 backward = 2 x forward. Grouped-query attention is counted over the query heads.

@@ -38,7 +38,7 @@ REQUIRED = (
 DENSE_VS_SPARSE_BF16 = {
     "a100-sxm-40gb": (312e12, 624e12),
     "a100-sxm-80gb": (312e12, 624e12),
-    # REFERENCES.md (lecture): "H100: ~989 TFLOP/s bf16 dense (spec sheets quote 1979 with
+    # docs/references.md "Hardware peaks" (lecture): "H100: ~989 TFLOP/s bf16 dense (spec sheets quote 1979 with
     # sparsity), HBM ~3.35 TB/s, accelerator intensity ~295".
     "h100-sxm": (989.4e12, 1979e12),
     "h100-pcie": (756.5e12, 1513e12),
@@ -180,7 +180,7 @@ def test_every_gpu_has_a_dense_golden() -> None:
 
 
 def test_h100_sxm_golden() -> None:
-    # REFERENCES.md (lecture): H100 ~989 TFLOP/s bf16 dense, not the 1979 sparse figure;
+    # docs/references.md "Hardware peaks" (lecture): H100 ~989 TFLOP/s bf16 dense, not the 1979 sparse figure;
     # HBM ~3.35 TB/s; accelerator intensity ~295 FLOP/byte. Tolerance 1%.
     hw = load_hardware("h100-sxm")
     assert hw.peak_flops_per_s[BF16] == 989.4e12

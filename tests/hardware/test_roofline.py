@@ -121,7 +121,7 @@ def test_more_work_never_takes_less_time(
 
 def test_golden_h100_matmul() -> None:
     # A square bf16 matmul of 8192^3 on H100 SXM: 2*8192^3 FLOPs over (3 * 8192^2 * 2) bytes,
-    # intensity ~2731 FLOP/B >> ridge ~295 (REFERENCES.md), so compute-bound; its pure-roofline
+    # intensity ~2731 FLOP/B >> ridge ~295 (docs/references.md "Hardware peaks"), so compute-bound; its pure-roofline
     # time is 2*8192^3 / 989.4e12 = 1.111 ms. Tolerance 0.1%.
     hw = load_hardware("h100-sxm")
     n = 8192

@@ -1,4 +1,4 @@
-"""model_flops_per_step vs torch.utils.flop_counter.FlopCounterMode (REFERENCES.md).
+"""model_flops_per_step vs torch.utils.flop_counter.FlopCounterMode (docs/references.md "Counting FLOPs").
 
 FlopCounterMode counts mm/bmm/addmm/SDPA at 2 FLOPs per multiply-add, the full T x T attention,
 backward = 2 x forward; the CPU fused attention gets a formula (validate.flops). The planner

@@ -54,7 +54,7 @@ def test_selective_recompute_keeps_all_but_the_attention_core() -> None:
 
 
 def test_flash_attention_removes_the_quadratic_term() -> None:
-    # REFERENCES.md: flash saves the output and a log-sum-exp per row, not the T x T scores
+    # docs/references.md "Activation memory": flash saves the output and a log-sum-exp per row, not the T x T scores
     flash = _per_layer_bytes(attention="flash")
     assert flash == pytest.approx(S * B * H * 34, rel=0.005)
     assert flash < _per_layer_bytes() / 2

@@ -1,7 +1,7 @@
 """Predicted peak memory vs the live-storage tracker over real PyTorch steps (fake tensors).
 
 The tracker (validate.tracker) records every storage the reference model's steady-state
-optimizer step allocates, rounded to CUDA's 512-byte blocks (REFERENCES.md, "Measuring memory
+optimizer step allocates, rounded to CUDA's 512-byte blocks (docs/references.md, "Measuring memory
 without a GPU"). The issue's bound is 3%; the planner is built to match far closer.
 """
 
@@ -96,7 +96,7 @@ def test_llama2_7b_peak_matches_tracker(precision: str, impl: str, blocks: tuple
 
 @pytest.mark.slow
 def test_reference_figures_7b_fp32_adamw() -> None:
-    """REFERENCES.md: a 7B Llama in fp32 peaks at 125.8 GiB with AdamW foreach vs 100.7 GiB fused
+    """docs/references.md "Bytes per parameter": a 7B Llama in fp32 peaks at 125.8 GiB with AdamW foreach vs 100.7 GiB fused
     (params + grads + 2 moments, + one param-sized temporary for foreach). Our workload (one
     1024-token sequence) differs from the unstated one behind those figures, so allow 1%."""
     model, training = resolve("llama2-7b", seq_len=1024, global_batch_size=1)

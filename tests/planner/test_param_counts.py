@@ -95,10 +95,10 @@ def test_preset_count_equals_reference_model(name: str) -> None:
     ("name", "expected"),
     [
         # GPT-2 small (12 layers, d 768, vocab 50257, n_ctx 1024, tied): 124,439,808
-        # (shared/REFERENCES.md "Parameter counts"; the count transformers reports for openai-community/gpt2).
+        # (docs/references.md "Parameter counts"; the count transformers reports for openai-community/gpt2).
         ("gpt2", 124_439_808),
         # Llama-2-7B (32 layers, d 4096, d_ff 11008, vocab 32000, untied): 6,738,415,616
-        # (shared/REFERENCES.md "Parameter counts"; the safetensors total of meta-llama/Llama-2-7b-hf).
+        # (docs/references.md "Parameter counts"; the safetensors total of meta-llama/Llama-2-7b-hf).
         ("llama2-7b", 6_738_415_616),
     ],
 )

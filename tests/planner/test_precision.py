@@ -39,7 +39,7 @@ def test_every_policy_has_a_spec() -> None:
 
 
 def test_dtype_sizes() -> None:
-    # lecture (REFERENCES.md): fp32 = 1+8+23 bits = 4 B, bf16 = 1+8+7 = 2 B, fp16 = 1+5+10 = 2 B, fp8 = 1 B
+    # lecture (docs/references.md "Number formats"): fp32 = 1+8+23 bits = 4 B, bf16 = 1+8+7 = 2 B, fp16 = 1+5+10 = 2 B, fp8 = 1 B
     assert (DType.FP32.n_bytes, DType.BF16.n_bytes, DType.FP16.n_bytes, DType.FP8.n_bytes) == (4, 2, 2, 1)
 
 
@@ -47,7 +47,7 @@ def test_dtype_sizes() -> None:
 def test_fp32_storage_policies_keep_16_bytes_per_param(policy: PrecisionPolicy) -> None:
     table = bytes_per_param(policy)
     assert table == {"params": 4, "grads": 4, "master": 0, "optimizer": 8}
-    # ZeRO (Rajbhandari et al. 2019, REFERENCES.md): mixed-precision Adam keeps 2 (fp16 params)
+    # ZeRO (Rajbhandari et al. 2019, docs/references.md "Bytes per parameter"): mixed-precision Adam keeps 2 (fp16 params)
     # + 2 (fp16 grads) + 12 (fp32 master, m, v) = 16 bytes per parameter. The planner's mixed
     # policies store fp32 params that ARE the master (autocast makes the low-precision copies),
     # so the split differs (4 + 4 + 0 + 8) but the total must agree exactly.
@@ -89,7 +89,7 @@ def test_torch_adamw_fp32_state_matches_fp32_table() -> None:
 
 
 def test_lecture_napkin_figure_uses_fp32_moments() -> None:
-    # lecture (REFERENCES.md): "bf16 params + bf16 grads + fp32 Adam m and v = 2+2+(4+4) = 12
+    # lecture (docs/references.md "Bytes per parameter"): "bf16 params + bf16 grads + fp32 Adam m and v = 2+2+(4+4) = 12
     # bytes/param; 8 x 80 GB / 12 B ~= 53B params". That is the fp32-moment convention, which
     # torch.optim.AdamW cannot hold for bf16 params (its state follows the param dtype, see
     # above), so the planner's bf16-true policy is 8 B/param, and the same node holds 80B.

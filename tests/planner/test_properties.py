@@ -1,4 +1,4 @@
-"""Hypothesis properties of ``planner.estimate.estimate`` (DESIGN.md, "Tests"):
+"""Hypothesis properties of ``planner.estimate.estimate`` (docs/design.md, "How numbers are proven"):
 
 memory never falls as the micro-batch grows (at a fixed accumulation count, or at a fixed global
 batch while accumulating: dropping accumulation altogether CAN lower the peak, in torch too, see
@@ -96,7 +96,7 @@ def test_peak_never_falls_as_micro_batch_grows_at_fixed_accumulation(
     assert peaks == sorted(peaks), dict(zip(MICRO_BATCHES, peaks, strict=True))
 
 
-# A counterexample to the unqualified DESIGN.md property "memory never falls as micro-batch
+# A counterexample to the unqualified starting-design property "memory never falls as micro-batch
 # grows" at a fixed global batch, found by hypothesis: going from micro-batch 4 x 2 accumulation
 # steps to 8 x 1 LOWERS the peak, because with accumulation the second micro-batch runs its
 # forward while every parameter gradient from the first one is still allocated. Real PyTorch

@@ -175,7 +175,7 @@ def _context(graph: LayerGraph, name: str) -> OpContext:
 
 @pytest.mark.parametrize(("preset", "attention", "policy"), CASES)
 def test_linear_flops_follow_the_lecture(preset: str, attention: str, policy: PrecisionPolicy) -> None:
-    # lecture (REFERENCES.md): B x D @ D x K costs 2*B*D*K forward, backward = 2 x forward
+    # lecture (docs/references.md "Counting FLOPs"): B x D @ D x K costs 2*B*D*K forward, backward = 2 x forward
     graph = graph_for(preset, attention, policy)
     tokens = BATCH * SEQ
     for op in graph.nodes:
