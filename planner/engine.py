@@ -29,10 +29,10 @@ _PARAMS, _GRADS, _OPTIMIZER, _DATA = (CATEGORIES.index(c) for c in (Category.PAR
 class EngineHooks(WalkHooks):
     """One walk of a step under an engine (the object lives across its micro-batches)."""
 
-    def __init__(self, prep: Prepared, static: StaticMemory, first_micro_batch: int) -> None:
+    def __init__(self, prep: Prepared, static: StaticMemory) -> None:
         self.prep = prep
         self.static = static
-        self.first = first_micro_batch
+        self.backwards_done = 0  # micro-batches whose backward has run (several may be in flight)
 
     def start_step(self, live: Live) -> None:
         """The bytes that exist before the step's first event."""
@@ -42,15 +42,18 @@ class EngineHooks(WalkHooks):
 
     def new_walk(self, units: dict[int, int], live: Live, event: Event) -> Walk:
         """The walk of ``event``'s micro-batch (its forward)."""
-        return Walk(self.prep, units, live, grads_exist=event.micro_batch != self.first, hooks=self)
+        return Walk(self.prep, units, live, grads_exist=False, hooks=self)
 
-    def before_backward_event(self, event: Event) -> None:
-        """A micro-batch's backward is about to run."""
+    def before_backward_event(self, walk: Walk, event: Event) -> None:
+        """A micro-batch's backward is about to run: it adds into the gradients an earlier backward
+        allocated (whichever micro-batch that was: a pipeline runs several forwards first)."""
+        walk.grads_exist = self.backwards_done > 0
 
     def after_backward_event(self, walk: Walk, event: Event) -> None:
         """A micro-batch's backward ran: after the first, every parameter gradient exists."""
-        if event.micro_batch == self.first:
+        if not self.backwards_done:
             walk.live.reset_grads(self.static.grads_bytes)
+        self.backwards_done += 1
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,8 @@ class Accumulate:
     memory_depends_on_sync = False  # whether a backward that syncs gradients allocates otherwise
     grads_resident = False  # every gradient exists for the whole step
 
-    def hooks(self, prep: Prepared, static: StaticMemory, first_micro_batch: int) -> EngineHooks:
-        return EngineHooks(prep, static, first_micro_batch)
+    def hooks(self, prep: Prepared, static: StaticMemory) -> EngineHooks:
+        return EngineHooks(prep, static)
 
 
 class _ResidentHooks(EngineHooks):
@@ -71,6 +74,9 @@ class _ResidentHooks(EngineHooks):
 
     def new_walk(self, units: dict[int, int], live: Live, event: Event) -> Walk:
         return Walk(self.prep, units, live, grads_exist=True, hooks=self)
+
+    def before_backward_event(self, walk: Walk, event: Event) -> None:
+        pass
 
     def after_backward_event(self, walk: Walk, event: Event) -> None:
         pass
@@ -82,8 +88,8 @@ class ResidentGradients(Accumulate):
 
     grads_resident = True
 
-    def hooks(self, prep: Prepared, static: StaticMemory, first_micro_batch: int) -> EngineHooks:
-        return _ResidentHooks(prep, static, first_micro_batch)
+    def hooks(self, prep: Prepared, static: StaticMemory) -> EngineHooks:
+        return _ResidentHooks(prep, static)
 
 
 @dataclass(frozen=True)

@@ -45,16 +45,16 @@ class FsdpEngine(Accumulate):
     layout: FsdpLayout | None = None
     memory_depends_on_sync = True  # a backward without sync keeps its unsharded gradients
 
-    def hooks(self, prep: Prepared, static: StaticMemory, first_micro_batch: int) -> EngineHooks:
+    def hooks(self, prep: Prepared, static: StaticMemory) -> EngineHooks:
         assert self.layout is not None
-        return _FsdpHooks(self.layout, prep, static, first_micro_batch)
+        return _FsdpHooks(self.layout, prep, static)
 
 
 class _FsdpHooks(EngineHooks):
     """FSDP2's buffers around the walk of one step (the object lives across micro-batches)."""
 
-    def __init__(self, layout: FsdpLayout, prep: Prepared, static: StaticMemory, first_micro_batch: int) -> None:
-        super().__init__(prep, static, first_micro_batch)
+    def __init__(self, layout: FsdpLayout, prep: Prepared, static: StaticMemory) -> None:
+        super().__init__(prep, static)
         self.layout = layout
         self.stage3 = layout.stage == 3
         self.names = prep.names
@@ -102,7 +102,7 @@ class _FsdpHooks(EngineHooks):
         return Walk(self.prep, units, live, grads_exist=False, hooks=self, unit_grads=True,
                     held_grads=self.held_params)
 
-    def before_backward_event(self, event: Event) -> None:
+    def before_backward_event(self, walk: Walk, event: Event) -> None:
         self.sync = event.sync
 
     def after_backward_event(self, walk: Walk, event: Event) -> None:

@@ -136,7 +136,7 @@ def simulate_step(
     engine = static.engine
     events = schedule.events if engine.memory_depends_on_sync else schedule.ignoring_sync().events
     live = Live(record_trace)
-    hooks = engine.hooks(prep, static, events[0].micro_batch)
+    hooks = engine.hooks(prep, static)
     hooks.start_step(live)
     live.observe(Phase.FORWARD, "start")
     activations = logits = 0
@@ -149,7 +149,7 @@ def simulate_step(
             activations, logits = walk.forward()
         elif event.phase is Phase.BACKWARD:
             walk = walks.pop(event.micro_batch)
-            hooks.before_backward_event(event)
+            hooks.before_backward_event(walk, event)
             walk.backward()
             hooks.after_backward_event(walk, event)
         else:
