@@ -35,7 +35,7 @@ final callback, after every block.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hardware.dtypes import DType
@@ -43,6 +43,7 @@ from hardware.profile import HardwareProfile
 from planner.graph import LayerGraph
 from planner.knobs import GradSync
 from planner.memory_types import CATEGORIES, Category
+from planner.ops.base import ParamTensor
 from planner.parallel import Collective, ParallelConfig, fsdp_shard_numel, ring_time_s
 from planner.precision import PrecisionPolicy
 from planner.step_time import Collectives
@@ -121,64 +122,88 @@ def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DT
     ``expert_world_size`` ranks (one: FSDP2 on a one-rank mesh, which still gathers and reduces)."""
     if stage not in (2, 3) or world_size < 2:
         raise ValueError(f"FSDP2 layout needs stage 2 or 3 and several ranks, got stage {stage} on {world_size}")
-    owner: dict[str, tuple[int | None, bool]] = {}
-    for op in graph.nodes:  # first use ~ registration order; tied weights belong to the root
-        for param in op.spec.params:
-            owner.setdefault(param.name, (op.spec.block, param.expert_parallel))
     specs = graph.param_specs
     o, c = stored_dtype.n_bytes, graph.precision.param_dtype.n_bytes
+    groups = _param_groups(graph)
+    units = []
+    for block, experts in _registration_order(groups):
+        names = groups[(block, experts)]
+        ranks = expert_world_size or world_size if experts else world_size
+        name = ROOT if block is None else f"blocks.{block}" + (".mlp.experts" if experts else "")
+        make = _one_rank_unit if ranks == 1 else _sharded_unit
+        units.append(make(name, block, experts, names, ranks, specs, o, c, round_bytes))
+    return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units), grad_sync=grad_sync)
+
+
+def _param_groups(graph: LayerGraph) -> dict[tuple[int | None, bool], list[str]]:
+    """Parameter names by (block, is-expert) in first-use order; the root's (block None) always present.
+    First use ~ registration order; tied weights belong to the root."""
+    owner: dict[str, tuple[int | None, bool]] = {}
+    for op in graph.nodes:
+        for param in op.spec.params:
+            owner.setdefault(param.name, (op.spec.block, param.expert_parallel))
     groups: dict[tuple[int | None, bool], list[str]] = {(None, False): []}
     for name, key in owner.items():
         groups.setdefault(key, []).append(name)
-    units = []
-    # registration order of the units: the root, then each block, its experts first (fully_shard
-    # runs on the experts before their block; FSDP2's order is the modules' post-forward order)
-    for block, experts in sorted(groups, key=lambda k: (-1, 0) if k[0] is None else (k[0], 0 if k[1] else 1)):
-        names = groups[(block, experts)]
-        ranks = expert_world_size or world_size if experts else world_size
-        shards = [fsdp_shard_numel(specs[n], ranks) for n in names]
-        total = sum(shards)
-        name = ROOT if block is None else f"blocks.{block}" + (".mlp.experts" if experts else "")
-        if ranks == 1:  # FSDP2 on one rank gathers nothing: each parameter's (cast) shard is copied out
-            casts = [round_bytes(s * c) for s in shards] if c != o else [0]
-            units.append(ShardUnit(
-                name=name, block=block, world_size=1, nested=experts, params=tuple(names), padded_numel=total,
-                sharded_bytes=sum(round_bytes(s * o) for s in shards), gather_input_bytes=max(casts, default=0),
-                gather_output_bytes=0, unsharded_bytes=sum(round_bytes(s * c) for s in shards),
-                reduce_input_bytes=round_bytes(total * o), sharded_grad_bytes=round_bytes(total * o),
-                # foreach_reduce's loop over the gradients, whose variable keeps the last one alive
-                # past the list's clear(), runs only on several ranks: nothing is freed late here
-                last_grad_bytes=0, last_accumulated_bytes=0,
-                accumulated_bytes=sum(round_bytes(specs[n].numel * o) for n in names),
-                upcast_peak_bytes=_upcast_peak([round_bytes(specs[n].numel * o) for n in names],
-                                               [round_bytes(specs[n].numel * c) for n in names])))
-            continue
-        units.append(ShardUnit(
-            name=name,
-            block=block,
-            world_size=ranks,
-            nested=experts,
-            params=tuple(names),
-            padded_numel=total,
-            sharded_bytes=sum(round_bytes(s * o) for s in shards),
-            gather_input_bytes=round_bytes(total * c) if c != o else 0,
-            gather_output_bytes=round_bytes(ranks * total * c),
-            unsharded_bytes=sum(round_bytes(ranks * s * c) for s in shards),
-            reduce_input_bytes=round_bytes(ranks * total * o),
-            sharded_grad_bytes=round_bytes(total * o),
-            last_grad_bytes=round_bytes(specs[names[-1]].numel * c) if names else 0,
-            accumulated_bytes=sum(round_bytes(specs[n].numel * o) for n in names),
-            last_accumulated_bytes=round_bytes(specs[names[-1]].numel * o) if names else 0,
-            upcast_peak_bytes=_upcast_peak([round_bytes(specs[n].numel * o) for n in names],
-                                           [round_bytes(specs[n].numel * c) for n in names]),
-            reordered_bytes=sum(round_bytes(ranks * s * c) for n, s in zip(names, shards, strict=True)
-                                if specs[n].shard_dim),
-            # each copy replaces its gradient in foreach_reduce's list (the original dies with it):
-            # one parameter's worth exists twice for a moment
-            reordered_grad_bytes=max((round_bytes(ranks * s * c) for n, s in zip(names, shards, strict=True)
-                                      if specs[n].shard_dim and ranks > 1), default=0),
-        ))
-    return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units), grad_sync=grad_sync)
+    return groups
+
+
+def _registration_order(groups: Mapping[tuple[int | None, bool], list[str]]) -> list[tuple[int | None, bool]]:
+    """Registration order of the units: the root, then each block, its experts first (fully_shard
+    runs on the experts before their block; FSDP2's order is the modules' post-forward order)."""
+    return sorted(groups, key=lambda k: (-1, 0) if k[0] is None else (k[0], 0 if k[1] else 1))
+
+
+def _one_rank_unit(name: str, block: int | None, experts: bool, names: list[str], ranks: int,
+                   specs: Mapping[str, ParamTensor], o: int, c: int, round_bytes: Callable[[int], int]) -> ShardUnit:
+    """A unit under FSDP2 on one rank, which gathers nothing: each parameter's (cast) shard is copied out.
+    (``ranks`` is 1; taken to match ``_sharded_unit``.)"""
+    shards = [fsdp_shard_numel(specs[n], ranks) for n in names]
+    total = sum(shards)
+    casts = [round_bytes(s * c) for s in shards] if c != o else [0]
+    return ShardUnit(
+        name=name, block=block, world_size=1, nested=experts, params=tuple(names), padded_numel=total,
+        sharded_bytes=sum(round_bytes(s * o) for s in shards), gather_input_bytes=max(casts, default=0),
+        gather_output_bytes=0, unsharded_bytes=sum(round_bytes(s * c) for s in shards),
+        reduce_input_bytes=round_bytes(total * o), sharded_grad_bytes=round_bytes(total * o),
+        # foreach_reduce's loop over the gradients, whose variable keeps the last one alive
+        # past the list's clear(), runs only on several ranks: nothing is freed late here
+        last_grad_bytes=0, last_accumulated_bytes=0,
+        accumulated_bytes=sum(round_bytes(specs[n].numel * o) for n in names),
+        upcast_peak_bytes=_upcast_peak([round_bytes(specs[n].numel * o) for n in names],
+                                       [round_bytes(specs[n].numel * c) for n in names]))
+
+
+def _sharded_unit(name: str, block: int | None, experts: bool, names: list[str], ranks: int,
+                  specs: Mapping[str, ParamTensor], o: int, c: int, round_bytes: Callable[[int], int]) -> ShardUnit:
+    """A unit sharded over ``ranks`` > 1: the buffers of the module docstring's rules."""
+    shards = [fsdp_shard_numel(specs[n], ranks) for n in names]
+    total = sum(shards)
+    return ShardUnit(
+        name=name,
+        block=block,
+        world_size=ranks,
+        nested=experts,
+        params=tuple(names),
+        padded_numel=total,
+        sharded_bytes=sum(round_bytes(s * o) for s in shards),
+        gather_input_bytes=round_bytes(total * c) if c != o else 0,
+        gather_output_bytes=round_bytes(ranks * total * c),
+        unsharded_bytes=sum(round_bytes(ranks * s * c) for s in shards),
+        reduce_input_bytes=round_bytes(ranks * total * o),
+        sharded_grad_bytes=round_bytes(total * o),
+        last_grad_bytes=round_bytes(specs[names[-1]].numel * c) if names else 0,
+        accumulated_bytes=sum(round_bytes(specs[n].numel * o) for n in names),
+        last_accumulated_bytes=round_bytes(specs[names[-1]].numel * o) if names else 0,
+        upcast_peak_bytes=_upcast_peak([round_bytes(specs[n].numel * o) for n in names],
+                                       [round_bytes(specs[n].numel * c) for n in names]),
+        reordered_bytes=sum(round_bytes(ranks * s * c) for n, s in zip(names, shards, strict=True)
+                            if specs[n].shard_dim),
+        # each copy replaces its gradient in foreach_reduce's list (the original dies with it):
+        # one parameter's worth exists twice for a moment
+        reordered_grad_bytes=max((round_bytes(ranks * s * c) for n, s in zip(names, shards, strict=True)
+                                  if specs[n].shard_dim and ranks > 1), default=0),
+    )
 
 
 def _upcast_peak(upcast: list[int], compute: list[int]) -> int:

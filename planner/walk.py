@@ -116,37 +116,50 @@ class Walk:
         self.holds[t] += len(users)
 
     # --- forward ----------------------------------------------------------------------------
-    def _run_forward(self, members: list[int], phase: Phase, unit: int | None, scope: list[int] | None = None) -> None:
-        """Run ``members``' forwards. A recompute counts the uses of the whole unit (``scope``):
-        a module frame that ends beyond where the recompute stops holds its tensors until then."""
-        p, live = self.p, self.live
+    def _forward_pending(self, members: list[int], phase: Phase, scope: list[int] | None) -> dict[int, int]:
+        """Per tensor, its forward users still to run: every use in the full forward; in a recompute
+        the uses inside the whole unit (``scope``), so a module frame that ends beyond where the
+        recompute stops holds its tensors until then."""
+        p = self.p
         if phase is Phase.FORWARD:
-            pending = dict(enumerate(p.full_pending))
-        else:
-            member_set = set(scope if scope is not None else members)
-            pending = {
-                i: sum(1 for c in p.consumers[i] if c in member_set) + sum(1 for c in p.frame_users[i] if c in member_set)
-                for i in members
-            }
-        self.pending = pending
+            return dict(enumerate(p.full_pending))
+        member_set = set(scope if scope is not None else members)
+        return {
+            i: sum(1 for c in p.consumers[i] if c in member_set) + sum(1 for c in p.frame_users[i] if c in member_set)
+            for i in members
+        }
+
+    def _recompute_cached(self, i: int, unit: int | None, pending: dict[int, int]) -> None:
+        """A recompute reaches op i whose output selective checkpointing kept: SAC returns the kept
+        output; what the op saves beyond it and the casts feeding it are made again."""
+        p, live = self.p, self.live
+        if not p.extras_out[i]:
+            live.add(p.category[i], p.extras[i])
+            self.extras_alive[i] = True
+        if p.copies[i]:
+            live.add(_TEMPORARIES, p.copies[i])
+            self.copies_alive[i] = True
+        self._hold_for_backward(i, unit)
+        self._end_uses(i, pending)
+
+    def _run_forward(self, members: list[int], phase: Phase, unit: int | None, scope: list[int] | None = None) -> None:
+        """Run ``members``' forwards (the whole forward, or a unit's recompute up to where it stops).
+
+        Hot loop (millions of ops per search): the per-op body stays inline, no extra call per op;
+        only the once-per-run setup and the rare SAC-cached recompute branch are helpers."""
+        p, live = self.p, self.live
+        pending = self.pending = self._forward_pending(members, phase, scope)
         recompute = phase is Phase.RECOMPUTE
         hooks = self.hooks if phase is Phase.FORWARD else WalkHooks()
         for i in members:
             hooks.before_forward(self, i)
             if recompute:
                 self.hooks.before_recompute(self, i)
+                if self.cached[i]:
+                    self._recompute_cached(i, unit, pending)
+                    self.hooks.after_recompute(self, i)
+                    continue
             cat = p.category[i]
-            if recompute and self.cached[i]:  # SAC returns the kept output; the casts feeding it run again
-                if not p.extras_out[i]:
-                    live.add(cat, p.extras[i])
-                    self.extras_alive[i] = True
-                if p.copies[i]:
-                    live.add(_TEMPORARIES, p.copies[i])
-                    self.copies_alive[i] = True
-                self._hold_for_backward(i, unit)
-                self._end_uses(i, pending)
-                self.hooks.after_recompute(self, i)
-                continue
             live.add(cat, p.out_bytes[i])
             self.alive[i] = True
             base = p.view_of[i]

@@ -18,12 +18,27 @@ from roofplan.cli_support import OneLineParser, survives_closed_pipe
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `plan` command's parser, its options in groups of the help's order."""
     p = OneLineParser(prog="plan", description="Plan the fastest training configuration that fits in GPU memory.")
+    _add_job_arguments(p)
+    _add_training_arguments(p)
+    _add_layout_arguments(p)
+    _add_search_arguments(p)
+    _add_output_arguments(p)
+    return p
+
+
+def _add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The job: the model, the hardware and its memory cap, sequence length and global batch."""
     p.add_argument("--model", required=True, help="preset name, YAML file (model:/training:) or transformers config.json")
     p.add_argument("--hardware", default=None, help="profile name (see `hardware list`) or a profile YAML; default h100-sxm")
     p.add_argument("--hbm", default=None, help="memory cap per GPU: 80GB (10^9), 80GiB (2^30) or bytes; default the device's")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (overrides the training section)")
     p.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step (overrides)")
+
+
+def _add_training_arguments(p: argparse.ArgumentParser) -> None:
+    """How one GPU trains: micro-batch, precision, checkpointing, attention, implementation, optimizer."""
     p.add_argument("--micro-batch", type=int, default=None, help="sequences per forward/backward on one GPU (searched if omitted)")
     p.add_argument("--precision", default=None,
                    help="policy or comma list to search: fp32, tf32, bf16-mixed, fp16-mixed, bf16-true, fp8-mixed "
@@ -45,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "model), hf (transformers), torchtitan; each saves different tensors")
     p.add_argument("--optimizer", choices=("adamw", "sgd-momentum", "sgd"), default=None)
     p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default=None)
+
+
+def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
+    """How the GPUs are laid out: count, node size, ZeRO stage, tensor/context/expert parallelism."""
     p.add_argument("--gpus", type=int, default=1, help="GPUs in all (default 1): tensor-parallel groups of --tp, "
                                                          "data parallel over the groups")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node sharing its fast links (default 8)")
@@ -70,12 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ZeRO-2/3 with accumulation: reduce-scatter gradients after every micro-batch (default) or "
                         "only the last (set_requires_gradient_sync(False) before the others: less traffic, every "
                         "unsharded gradient held in the reduce dtype until then)")
+
+
+def _add_search_arguments(p: argparse.ArgumentParser) -> None:
+    """The optuna search: sampler, trials, seed, shared storage, checkpoint segments."""
     p.add_argument("--sampler", default="tpe", help="tpe (default), random or exhaustive")
     p.add_argument("--trials", type=int, default=30, help="sampler trials in this process (default 30)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same result)")
     p.add_argument("--storage", default=None, help="optuna storage URL shared by workers, e.g. sqlite:///study.db")
     p.add_argument("--study-name", default=None, help="study to create or join in --storage")
     p.add_argument("--no-segments", action="store_true", help="do not consider multi-block checkpoint segments")
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """What comes out: the plan file, charts, a validation run, JSON."""
     p.add_argument("--out", default=None, help="write the plan file (JSON) that `validate` runs")
     p.add_argument("--plot", default=None, metavar="DIR",
                    help="write two PNG charts into DIR: pareto.png (step time vs device memory of the plans found) "
@@ -86,7 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --validate: simulate (fake tensors), run, or auto (run on CUDA if present, else simulate)")
     p.add_argument("--validate-device", choices=("cpu", "cuda"), default=None, help="with --validate --validate-mode run")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    return p
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -155,18 +155,28 @@ def knobs_table(result: PlanResult) -> Table:
     return table
 
 
+_Row = tuple[RenderableType, RenderableType, RenderableType]
+
+
 def memory_table(result: PlanResult) -> Table:
-    est = result.best.estimate
-    mem = est.memory
+    """The memory table: static state, one micro-batch's activations and logits, the peak against the cap."""
+    table = Table(title="Memory (per GPU, steady-state step)", title_justify="left")
+    table.add_column("what")
+    table.add_column("napkin math")
+    table.add_column("bytes", justify="right")
+    for row in (*_state_rows(result), *_activation_rows(result), *_peak_rows(result)):
+        table.add_row(*row)
+    return table
+
+
+def _state_rows(result: PlanResult) -> list[_Row]:
+    """Rows for parameters, gradients and optimizer state: count (this rank's share) x bytes each."""
+    mem = result.best.estimate.memory
     k = result.best.knobs
     spec = precision_spec(k.precision)
     opt = optimizer_spec(result.training.optimizer, result.training.optimizer_impl)
     m, t = result.model.config, result.training
     n = format_count(result.model.n_params)
-    table = Table(title="Memory (per GPU, steady-state step)", title_justify="left")
-    table.add_column("what")
-    table.add_column("napkin math")
-    table.add_column("bytes", justify="right")
     dims = k.parallel
     ranks = dims.fsdp_ranks if strategy_for(dims).shards_params else dims.data_parallel
     strategy = strategy_for(dims)
@@ -175,47 +185,55 @@ def memory_table(result: PlanResult) -> Table:
         split = " x ".join(f"{name} {degree}" for name, degree in (("TP", dims.tp), ("EP", dims.ep)) if degree > 1)
         n = f"{format_count(rank_parameters(m, dims))} ({split})"
     per = f"{n} / {ranks}" if sharded else n
-    table.add_row("parameters", f"{per} × {spec.param_bytes} B ({spec.param_dtype.value}"
-                  + (" shards; gathered copies are in the peak)" if sharded else ")"), format_bytes(mem.params_bytes))
     grads = strategy.gradients(k) if ranks > 1 else spec.grad_dtype.value
-    table.add_row("gradients", f"{per} × {spec.grad_bytes} B ({grads})", format_bytes(mem.grads_bytes))
     state_per = f"{n} / {ranks}" if strategy.shards_state else n
-    table.add_row(
-        "optimizer state",
-        f"{state_per} × {opt.state_tensors_per_param} × {spec.param_bytes} B ({t.optimizer.value})",
-        format_bytes(mem.optimizer_bytes),
-    )
-    table.add_row(
-        "activations",
-        f"saved for backward by one micro-batch of {k.micro_batch_size}×{local_seq_len(t.seq_len, dims)} tokens"
-        + (f" (1/{dims.cp} of each sequence)" if dims.cp > 1 else ""),
-        format_bytes(mem.activations_bytes),
-    )
-    vocab = f"{m.vocab_size}/{dims.tp}" if dims.tp > 1 else f"{m.vocab_size}"
+    return [
+        ("parameters", f"{per} × {spec.param_bytes} B ({spec.param_dtype.value}"
+         + (" shards; gathered copies are in the peak)" if sharded else ")"), format_bytes(mem.params_bytes)),
+        ("gradients", f"{per} × {spec.grad_bytes} B ({grads})", format_bytes(mem.grads_bytes)),
+        ("optimizer state",
+         f"{state_per} × {opt.state_tensors_per_param} × {spec.param_bytes} B ({t.optimizer.value})",
+         format_bytes(mem.optimizer_bytes)),
+    ]
+
+
+def _activation_rows(result: PlanResult) -> list[_Row]:
+    """Rows for what one micro-batch saves for backward and the logits kept at the end of forward."""
     from planner.config import LossKind, effective_loss
 
+    mem = result.best.estimate.memory
+    k = result.best.knobs
+    m, t = result.model.config, result.training
+    dims = k.parallel
+    vocab = f"{m.vocab_size}/{dims.tp}" if dims.tp > 1 else f"{m.vocab_size}"
     loss = effective_loss(m)
-    table.add_row(
-        "logits",
-        f"B·T·V = {k.micro_batch_size}·{local_seq_len(t.seq_len, dims)}·{vocab} × 4 B (fp32 log-probs, end of forward)"
-        if loss is LossKind.PLAIN else f"none kept: the {loss.value} loss's chunks are transients of its forward",
-        format_bytes(mem.logits_bytes),
-    )
+    return [
+        ("activations",
+         f"saved for backward by one micro-batch of {k.micro_batch_size}×{local_seq_len(t.seq_len, dims)} tokens"
+         + (f" (1/{dims.cp} of each sequence)" if dims.cp > 1 else ""),
+         format_bytes(mem.activations_bytes)),
+        ("logits",
+         f"B·T·V = {k.micro_batch_size}·{local_seq_len(t.seq_len, dims)}·{vocab} × 4 B (fp32 log-probs, end of forward)"
+         if loss is LossKind.PLAIN else f"none kept: the {loss.value} loss's chunks are transients of its forward",
+         format_bytes(mem.logits_bytes)),
+    ]
+
+
+def _peak_rows(result: PlanResult) -> list[_Row]:
+    """Rows for the peak (where it happens, by category), the device total and the cap."""
+    mem = result.best.estimate.memory
+    hw = result.hardware
     at = mem.at_peak
     parts = ", ".join(f"{c.value} {format_bytes(at[c])}" for c in Category if at.get(c))
-    table.add_row(
-        Text("peak allocated", style="bold"),
-        f"at {mem.peak_phase.value} / {mem.peak_op} (micro-batch {mem.peak_micro_batch + 1}): {parts}",
-        Text(format_bytes(mem.peak_allocated_bytes), style="bold"),
-    )
-    hw = result.hardware
-    table.add_row(
-        Text("device", style="bold"),
-        f"peak × {hw.fragmentation_factor:g} fragmentation + {format_bytes(hw.runtime_reserve_bytes, binary=True)} runtime reserve",
-        Text(format_bytes(mem.device_bytes), style="bold green" if mem.fits else "bold red"),
-    )
-    table.add_row("cap", "--hbm" if mem.hbm_cap_bytes != hw.hbm_bytes else f"{hw.name} HBM", format_bytes(mem.hbm_cap_bytes))
-    return table
+    return [
+        (Text("peak allocated", style="bold"),
+         f"at {mem.peak_phase.value} / {mem.peak_op} (micro-batch {mem.peak_micro_batch + 1}): {parts}",
+         Text(format_bytes(mem.peak_allocated_bytes), style="bold")),
+        (Text("device", style="bold"),
+         f"peak × {hw.fragmentation_factor:g} fragmentation + {format_bytes(hw.runtime_reserve_bytes, binary=True)} runtime reserve",
+         Text(format_bytes(mem.device_bytes), style="bold green" if mem.fits else "bold red")),
+        ("cap", "--hbm" if mem.hbm_cap_bytes != hw.hbm_bytes else f"{hw.name} HBM", format_bytes(mem.hbm_cap_bytes)),
+    ]
 
 
 def time_table(result: PlanResult) -> Table:

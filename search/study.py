@@ -198,15 +198,52 @@ def run_search(
 ) -> SearchOutcome:
     """Run (or join) the study and read the answer back from it. ``on_trial(done, planned)``
     follows the trials; ``on_stage(text)`` names a longer step that has no trials to count."""
-    from planner.estimate import estimate
-
     start = time.perf_counter()
+    price, evaluations = _memoized_pricer(model, training, hw, cap_bytes, space, options)
+
+    def objective(trial: optuna.Trial) -> float:
+        point = {name: trial.suggest_categorical(name, list(choices)) for name, choices in space.dimensions.items()}
+        if not space.allows(point):  # type: ignore[arg-type]
+            raise optuna.TrialPruned(f"{point} is not a plan (a policy its strategy does not run, or a micro-batch "
+                                     "that does not divide a rank's sequences)")
+        return _record(trial, price(point), tag)  # type: ignore[arg-type]
+
+    study, created = _create_study(options, space)
+    identity = study_identity(model, training, hw, cap_bytes, space)
+    tag = join(study, created, identity, _distributions(space), options.study_name)  # before any trial
+    n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
+    done = 0
+    if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
+        done, n_trials = _price_known_points(study, space, options, price, tag, n_trials)
+        if on_trial is not None and done:
+            on_trial(done, n_trials)
+
+    def progress(_study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+        nonlocal done
+        done += 1
+        if on_trial is not None:
+            on_trial(done, n_trials)
+
+    with same_space(options.study_name):
+        study.optimize(objective, n_trials=max(0, n_trials - done), callbacks=[progress])
+        if options.polish and options.sampler is not SamplerKind.EXHAUSTIVE:
+            _polish(study, space, price, evaluations, tag)
+    return _read_outcome(study, tag, model, training, hw, cap_bytes, space, options, len(evaluations), start,
+                         on_stage)
+
+
+def _memoized_pricer(
+    model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap_bytes: int, space: SearchSpace,
+    options: SearchOptions,
+) -> tuple[Callable[[Point], Evaluation], dict[tuple[object, ...], Evaluation]]:
+    """``price(point)``, evaluating each point of the space once, and the evaluations it fills in.
+
+    It keeps the plans that fit priced so far, fastest first: a point none of whose placements can
+    be among the best 1 + n_alternatives, nor smaller than the fastest, is bounded (never on the
+    answer, the runners-up or the Pareto front). The exhaustive grid is the reference: it bounds nothing."""
     evaluations: dict[tuple[object, ...], Evaluation] = {}
-    # the plans that fit priced so far, fastest first: a point none of whose placements can be among
-    # the best 1 + n_alternatives, nor smaller than the fastest, is bounded (never on the answer,
-    # the runners-up or the Pareto front)
     kept: list[ParetoPoint] = []
-    bound = options.sampler is not SamplerKind.EXHAUSTIVE  # the grid is the reference: it walks every point
+    bound = options.sampler is not SamplerKind.EXHAUSTIVE
 
     def price(point: Point) -> Evaluation:
         key = space.key(point)
@@ -222,38 +259,31 @@ def run_search(
             evaluations[key] = ev
         return evaluations[key]
 
-    def objective(trial: optuna.Trial) -> float:
-        point = {name: trial.suggest_categorical(name, list(choices)) for name, choices in space.dimensions.items()}
-        if not space.allows(point):  # type: ignore[arg-type]
-            raise optuna.TrialPruned(f"{point} is not a plan (a policy its strategy does not run, or a micro-batch "
-                                     "that does not divide a rank's sequences)")
-        return _record(trial, price(point), tag)  # type: ignore[arg-type]
+    return price, evaluations
 
-    study, created = _create_study(options, space)
-    identity = study_identity(model, training, hw, cap_bytes, space)
-    tag = join(study, created, identity, _distributions(space), options.study_name)  # before any trial
-    n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
-    done = 0
-    if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
-        plans = list(space.points())
-        whole = len(plans) <= n_trials  # the budget covers the space: price every plan (a sampler would prune or revisit)
-        with same_space(options.study_name):
-            done = _add_points(study, space, plans if whole else space.known_good(), price, tag)
-        # else more precisions than --trials: the known-good points are the budget
-        n_trials = done if whole else max(n_trials, done)
-        if on_trial is not None and done:
-            on_trial(done, n_trials)
 
-    def progress(_study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-        nonlocal done
-        done += 1
-        if on_trial is not None:
-            on_trial(done, n_trials)
-
+def _price_known_points(
+    study: optuna.Study, space: SearchSpace, options: SearchOptions, price: Callable[[Point], Evaluation], tag: str,
+    n_trials: int,
+) -> tuple[int, int]:
+    """Before a sampler runs: (trials added, trials planned). A space no larger than the budget is
+    priced whole (a sampler would prune or revisit); else its known-good points are, and they are
+    the budget when there are more of them than --trials."""
+    plans = list(space.points())
+    whole = len(plans) <= n_trials
     with same_space(options.study_name):
-        study.optimize(objective, n_trials=max(0, n_trials - done), callbacks=[progress])
-        if options.polish and options.sampler is not SamplerKind.EXHAUSTIVE:
-            _polish(study, space, price, evaluations, tag)
+        done = _add_points(study, space, plans if whole else space.known_good(), price, tag)
+    return done, done if whole else max(n_trials, done)
+
+
+def _read_outcome(
+    study: optuna.Study, tag: str, model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap_bytes: int,
+    space: SearchSpace, options: SearchOptions, n_evaluated: int, start: float,
+    on_stage: Callable[[str], None] | None,
+) -> SearchOutcome:
+    """The answer read back from the study (every worker's trials): the fastest distinct plans that
+    fit, priced again in full, their Pareto front, and when nothing fits the smallest plan."""
+    from planner.estimate import estimate
 
     trials = complete_trials(study, tag)
     feasible = sorted((t for t in trials if _a_plan_that_fits(t)), key=lambda t: (t.value, t.number))
@@ -280,7 +310,7 @@ def run_search(
         sampler=options.sampler.value,
         n_trials=len(trials),
         n_feasible=len(feasible),
-        n_evaluated=len(evaluations),
+        n_evaluated=n_evaluated,
         wall_s=time.perf_counter() - start,
         study_name=study.study_name if options.storage else None,
         storage=options.storage,

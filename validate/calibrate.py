@@ -195,43 +195,67 @@ def calibrate(device: str = "cpu", shapes: Sequence[tuple[int, int, int]] | None
     is_cuda = dev.type == "cuda"
     base = _matching_profile(torch.cuda.get_device_name(dev) if is_cuda else "")
     if precisions is None:
-        if is_cuda:
-            wanted = (ComputePrecision.FP32, ComputePrecision.TF32, ComputePrecision.BF16, ComputePrecision.FP16)
-            precisions = [p for p in wanted if base is None or base.supports(p)]
-        else:
-            precisions = [ComputePrecision.FP32, ComputePrecision.BF16]
+        precisions = _default_precisions(is_cuda, base)
     shapes = shapes or (DEFAULT_SHAPES if is_cuda else CPU_SHAPES)
     achieved = {p: matmul_flops_per_s(dev, p, shapes) for p in precisions}
     if workload is not None:
         achieved[workload.precision.matmul_precision] = workload_flops_per_s(dev, workload)
-    if workload is not None:  # the plan's memory-bound ops: its activation dtype, at its largest activation
-        activations = [op.cost.output for op in workload.nodes if op.spec.block is not None]
-        largest = max(activations, key=lambda t: t.numel)
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(largest.dtype.value, torch.float32)
-        bandwidth = elementwise_bytes_per_s(dev, dtype, largest.numel)
-    else:
-        bandwidth = bandwidth_bytes_per_s(dev, 1 << 30 if is_cuda else 64 << 20)
+    bandwidth = _measured_bandwidth(dev, is_cuda, workload)
     overhead = op_overhead_s(dev)
     host = platform.node() or "this machine"
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
     source = {"fields": f"every figure: measured by `hardware calibrate` on {host} ({stamp}), torch {torch.__version__}",
               "url": "measured:hardware-calibrate"}
     if is_cuda and base is not None:
-        data = base.model_dump(mode="json")
-        data["compute_efficiency"] = {
-            p.value: min(1.0, achieved[p] / base.peak_flops_per_s[p]) if p in achieved else base.compute_efficiency[p]
-            for p in base.peak_flops_per_s
-        }
-        if ComputePrecision.BF16 in base.peak_flops_per_s:  # the shape law's large-GEMM rate replaces bf16's
-            curves = _measured_curves(dev, base, overhead, source["fields"])
-            data.update(curves, compute_efficiency={**data["compute_efficiency"],
-                                                    "bf16": curves["compute_efficiency"]["bf16"]})
-        data["memory_efficiency"] = min(1.0, bandwidth / base.hbm_bandwidth_bytes_per_s)
-        data["kernel_launch_s"] = overhead
-        data["name"] = name or f"{base.name}-calibrated"
-        data["time_validation"] = ""  # the bundled profile's comparison no longer describes these efficiencies
-        data["sources"] = [*data["sources"], source]
-        return HardwareProfile.model_validate(data)
+        return _recalibrated(dev, base, achieved, bandwidth, overhead, name, source)
+    return _measured_profile(dev, is_cuda, achieved, bandwidth, overhead, name, host, source)
+
+
+def _default_precisions(is_cuda: bool, base: HardwareProfile | None) -> list[ComputePrecision]:
+    """The precisions measured when none are asked for: on a GPU fp32, tf32, bf16 and fp16 (those the
+    matching bundled profile supports), on a CPU fp32 and bf16."""
+    if is_cuda:
+        wanted = (ComputePrecision.FP32, ComputePrecision.TF32, ComputePrecision.BF16, ComputePrecision.FP16)
+        return [p for p in wanted if base is None or base.supports(p)]
+    return [ComputePrecision.FP32, ComputePrecision.BF16]
+
+
+def _measured_bandwidth(dev: torch.device, is_cuda: bool, workload: LayerGraph | None) -> float:
+    """Memory bandwidth in bytes/s: with a workload, of its memory-bound ops (its activation dtype, at
+    its largest activation); else a plain copy (1 GiB on a GPU, 64 MiB on a CPU)."""
+    if workload is None:
+        return bandwidth_bytes_per_s(dev, 1 << 30 if is_cuda else 64 << 20)
+    activations = [op.cost.output for op in workload.nodes if op.spec.block is not None]
+    largest = max(activations, key=lambda t: t.numel)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(largest.dtype.value, torch.float32)
+    return elementwise_bytes_per_s(dev, dtype, largest.numel)
+
+
+def _recalibrated(dev: torch.device, base: HardwareProfile, achieved: dict[ComputePrecision, float], bandwidth: float,
+                  overhead: float, name: str | None, source: dict[str, str]) -> HardwareProfile:
+    """The bundled profile of this GPU with its efficiencies, kernel curves and launch overhead
+    replaced by the measured ones (its peaks and links kept)."""
+    data = base.model_dump(mode="json")
+    data["compute_efficiency"] = {
+        p.value: min(1.0, achieved[p] / base.peak_flops_per_s[p]) if p in achieved else base.compute_efficiency[p]
+        for p in base.peak_flops_per_s
+    }
+    if ComputePrecision.BF16 in base.peak_flops_per_s:  # the shape law's large-GEMM rate replaces bf16's
+        curves = _measured_curves(dev, base, overhead, source["fields"])
+        data.update(curves, compute_efficiency={**data["compute_efficiency"],
+                                                "bf16": curves["compute_efficiency"]["bf16"]})
+    data["memory_efficiency"] = min(1.0, bandwidth / base.hbm_bandwidth_bytes_per_s)
+    data["kernel_launch_s"] = overhead
+    data["name"] = name or f"{base.name}-calibrated"
+    data["time_validation"] = ""  # the bundled profile's comparison no longer describes these efficiencies
+    data["sources"] = [*data["sources"], source]
+    return HardwareProfile.model_validate(data)
+
+
+def _measured_profile(dev: torch.device, is_cuda: bool, achieved: dict[ComputePrecision, float], bandwidth: float,
+                      overhead: float, name: str | None, host: str, source: dict[str, str]) -> HardwareProfile:
+    """A profile from the measurements alone (a CPU, or a GPU with no bundled profile): the achieved
+    rates as peaks at efficiency 1, the measured bandwidth for memory and links."""
     total_memory = torch.cuda.get_device_properties(dev).total_memory if is_cuda else _host_memory_bytes()
     return HardwareProfile(
         name=name or (f"{dev.type}-calibrated"),

@@ -8,6 +8,8 @@ masked half, and its backward recomputes QK^T (5 matmuls instead of 4; Dao 2023,
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from hardware.collectives import Collective
 from hardware.dtypes import DType
 from hardware.kernels import AttentionShape
@@ -105,6 +107,75 @@ def flash_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     )
 
 
+class _EagerSizes(NamedTuple):
+    """Bytes of the eager core's tensors: ``operand`` a (B*N, T, H) q/k/v copy, ``scores`` the
+    element count of a T x T square (B*N*T*T, also the bool mask's bytes), ``s_bytes`` the square
+    in the operands' dtype, ``cat_bytes`` the sink-widened scores (0 without sinks), ``p_bytes``
+    the softmax's output (fp32 under autocast, T + 1 wide with sinks)."""
+
+    operand: int
+    scores: int
+    s_bytes: int
+    cat_bytes: int
+    p_bytes: int
+    sinks: bool
+    autocast: bool
+    dropout: bool
+
+
+def _eager_forward(z: _EagerSizes) -> tuple[AllocSequence, list[int]]:
+    """The eager core's forward allocations when it saves for backward, and the saved extras in order
+    (q and k copies, softmax output, dropout's mask and dropped probs or the low-precision probs, v copy)."""
+    operand, s_bytes, p_bytes = z.operand, z.s_bytes, z.p_bytes
+    extras = [operand, operand]  # q and k operand copies
+    seq = AllocSequence().alloc(2 * operand).alloc(s_bytes).alloc(s_bytes).free(s_bytes)  # q k^T, * s
+    seq.alloc(s_bytes).free(s_bytes)  # masked_fill
+    logits = s_bytes
+    if z.sinks:
+        seq.alloc(z.cat_bytes).free(s_bytes)  # the sink column joined; the masked scores die
+        logits = z.cat_bytes
+    if z.autocast:
+        # softmax(dtype=fp32) on bf16 copies the scores to fp32 first (ATen fuses the cast only
+        # for CUDA fp16), then the masked scores and the copy die
+        seq.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(logits)
+        seq.alloc(s_bytes)  # low-precision copy of the probs
+        extras.append(p_bytes)  # softmax saves its fp32 output
+    else:
+        seq.alloc(p_bytes).free(logits)  # softmax output
+        extras.append(p_bytes)  # saved by softmax (and by the matmul when there is no dropout)
+    if z.dropout:
+        seq.alloc(z.scores).alloc(s_bytes)  # bool mask, dropped probabilities (saved by the matmul)
+        extras += [z.scores, s_bytes]
+        if z.autocast:
+            seq.free(s_bytes)  # the low-precision probs: only dropout read them
+    elif z.autocast:
+        extras.append(s_bytes)  # the matmul saves the low-precision probs
+    seq.alloc(operand).alloc(operand).alloc(operand)  # v copy (saved), p v, head merge copy
+    extras.append(operand)
+    return seq, extras
+
+
+def _eager_unsaved_forward(z: _EagerSizes, out_bytes: int) -> AllocSequence:
+    """The eager core's forward inside a checkpointed block: nothing is saved, each internal tensor
+    dies with its last use."""
+    operand, s_bytes, p_bytes = z.operand, z.s_bytes, z.p_bytes
+    probs_in = s_bytes if z.autocast else p_bytes  # the storage the second matmul (or dropout) reads
+    logits = z.cat_bytes if z.sinks else s_bytes
+    bare = AllocSequence().alloc(2 * operand).alloc(s_bytes).free(2 * operand)  # q k^T; copies die
+    bare.alloc(s_bytes).free(s_bytes).alloc(s_bytes).free(s_bytes)  # * scale, masked_fill
+    if z.sinks:
+        bare.alloc(z.cat_bytes).free(s_bytes)
+    if z.autocast:
+        bare.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(logits).alloc(s_bytes).free(p_bytes)
+    else:
+        bare.alloc(p_bytes).free(logits)  # softmax
+    if z.dropout:
+        bare.alloc(z.scores).alloc(s_bytes).free(z.scores).free(probs_in)  # mask dies; the input probs die
+        probs_in = s_bytes
+    bare.alloc(operand).alloc(operand).free(operand + probs_in).alloc(out_bytes).free(operand)  # v, p v, merge
+    return bare
+
+
 @register(OpKind.ATTENTION_EAGER)
 def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     """``softmax(mask(q k^T * s)) v`` written out (Korthikanti et al. 2022, Table 2 setting).
@@ -142,48 +213,11 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     low = ctx.precision.autocast_dtype
     p_dtype = DType.FP32 if low is not None else dtype
     p_bytes = bnt * cols * p_dtype.n_bytes  # softmax's output
-    probs_in = s_bytes if low is not None else p_bytes  # the storage the second matmul (or dropout) reads
     drop = spec.dropout > 0
-    extras = [operand, operand]  # q and k operand copies
-    seq = AllocSequence().alloc(2 * operand).alloc(s_bytes).alloc(s_bytes).free(s_bytes)  # q k^T, * s
-    seq.alloc(s_bytes).free(s_bytes)  # masked_fill
-    logits = s_bytes
-    if spec.sinks:
-        seq.alloc(cat_bytes).free(s_bytes)  # the sink column joined; the masked scores die
-        logits = cat_bytes
-    if low is not None:
-        # softmax(dtype=fp32) on bf16 copies the scores to fp32 first (ATen fuses the cast only
-        # for CUDA fp16), then the masked scores and the copy die
-        seq.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(logits)
-        seq.alloc(s_bytes)  # low-precision copy of the probs
-        extras.append(p_bytes)  # softmax saves its fp32 output
-    else:
-        seq.alloc(p_bytes).free(logits)  # softmax output
-        extras.append(p_bytes)  # saved by softmax (and by the matmul when there is no dropout)
-    if drop:
-        seq.alloc(scores).alloc(s_bytes)  # bool mask, dropped probabilities (saved by the matmul)
-        extras += [scores, s_bytes]
-        if low is not None:
-            seq.free(s_bytes)  # the low-precision probs: only dropout read them
-    elif low is not None:
-        extras.append(s_bytes)  # the matmul saves the low-precision probs
-    seq.alloc(operand).alloc(operand).alloc(operand)  # v copy (saved), p v, head merge copy
-    extras.append(operand)
+    sizes = _EagerSizes(operand, scores, s_bytes, cat_bytes, p_bytes, spec.sinks, low is not None, drop)
+    seq, extras = _eager_forward(sizes)
     out = TensorInfo(numel=bnt * h, dtype=dtype)
     final = sum(extras) + out.n_bytes
-    # inside a checkpointed block nothing is saved: each internal tensor dies with its last use
-    bare = AllocSequence().alloc(2 * operand).alloc(s_bytes).free(2 * operand)  # q k^T; copies die
-    bare.alloc(s_bytes).free(s_bytes).alloc(s_bytes).free(s_bytes)  # * scale, masked_fill
-    if spec.sinks:
-        bare.alloc(cat_bytes).free(s_bytes)
-    if low is not None:
-        bare.alloc(p_bytes).alloc(p_bytes).free(p_bytes).free(logits).alloc(s_bytes).free(p_bytes)
-    else:
-        bare.alloc(p_bytes).free(logits)  # softmax
-    if drop:
-        bare.alloc(scores).alloc(s_bytes).free(scores).free(probs_in)  # mask dies; the input probs die
-        probs_in = s_bytes
-    bare.alloc(operand).alloc(operand).free(operand + probs_in).alloc(out.n_bytes).free(operand)  # v, p v, merge
     flops = _attention_flops(spec, ctx)
     io_bytes = sum(t.n_bytes for t in qkv) + out.n_bytes
     n_tt = 3 if drop else 1
@@ -204,7 +238,7 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         # packs its inputs, the last thing saved, before its kernel runs
         unrun_tail_flops=flops / 2,
         fwd_transient_bytes=seq.transient_over(final),
-        unsaved_fwd_transient_bytes=bare.transient_over(out.n_bytes),
+        unsaved_fwd_transient_bytes=_eager_unsaved_forward(sizes, out.n_bytes).transient_over(out.n_bytes),
         bwd_transient_bytes=max(0, _eager_backward_peak(operand, s_bytes, p_bytes, scores, drop, low is not None,
                                                         bnt * cols * dtype.n_bytes) - sum(t.n_bytes for t in qkv)),
     )
@@ -266,6 +300,24 @@ def _ring_peaks(u: int, w: int, lse: int, cp: int, low_precision: bool) -> tuple
     return forward, max(second, third, update)
 
 
+def _ring_collectives(
+    spec: LayerSpec, w: int, w4: int
+) -> tuple[tuple[CollectiveCall, ...], tuple[CollectiveCall, ...]]:
+    """(forward, backward) collectives of ring attention over ``spec.group_size`` = cp ranks, ``w``
+    the local keys' bytes (values alike), ``w4`` their fp32 size: the k/v all-gather, hidden behind
+    1/cp of the kernel, in each pass; in the backward the fp32 dk/dv permutes, cp - 1 of them hidden
+    by the next block and the last waited for."""
+    cp = spec.group_size
+
+    def call(kind: Collective, n_bytes: float, overlap: float, calls: int = 1) -> CollectiveCall:
+        return CollectiveCall(kind=kind, n_bytes=n_bytes, group_size=cp, ranks_per_node=spec.ranks_per_node,
+                              dimension=MeshDim.CP, overlap=overlap, calls=calls)
+
+    gather = call(Collective.ALL_GATHER, 2 * cp * w, 1 / cp)
+    return (gather,), (gather, call(Collective.PERMUTE, cp * 2 * w4, 1 / cp, cp - 1),
+                       call(Collective.PERMUTE, cp * 2 * w4, 0.0))
+
+
 @register(OpKind.ATTENTION_RING)
 def ring_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     """SDPA under context parallelism (torch's ``context_parallel``, as torchtitan runs it): this
@@ -302,12 +354,7 @@ def ring_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     executed = square * cp / 2  # the diagonal block's causal half + cp - 1 half blocks
     u4, w4 = bnt * spec.head_dim * 4, w * 4 // b
     io = u + 2 * w + u + lse
-
-    def call(kind: Collective, n_bytes: float, overlap: float, calls: int = 1) -> CollectiveCall:
-        return CollectiveCall(kind=kind, n_bytes=n_bytes, group_size=cp, ranks_per_node=spec.ranks_per_node,
-                              dimension=MeshDim.CP, overlap=overlap, calls=calls)
-
-    gather = call(Collective.ALL_GATHER, 2 * cp * w, 1 / cp)
+    fwd_collectives, bwd_collectives = _ring_collectives(spec, w, w4)
     return LayerCost(
         fwd_flops=square * cp,
         bwd_input_flops=2 * square * cp,
@@ -316,9 +363,8 @@ def ring_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         attention=AttentionShape(seq_len=ctx.seq_len, head_dim=spec.head_dim, causal=True, fused=True,
                                  kernel=spec.attention_kernel),
         ring_ranks=cp,
-        fwd_collectives=(gather,),
-        bwd_collectives=(gather, call(Collective.PERMUTE, cp * 2 * w4, 1 / cp, cp - 1),
-                         call(Collective.PERMUTE, cp * 2 * w4, 0.0)),
+        fwd_collectives=fwd_collectives,
+        bwd_collectives=bwd_collectives,
         # each step reads its queries and the gathered shard and writes a block; the merges stream fp32
         fwd_bytes_moved=cp * io + (cp - 1) * 5 * u4,
         bwd_bytes_moved=2 * cp * io + (cp - 1) * 6 * (u4 + 2 * w4),

@@ -53,6 +53,56 @@ def moe_dispatch_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
                      bwd_bytes_moved=2 * out.n_bytes + x.n_bytes + slots.n_bytes, bwd_kernels=2)
 
 
+def _route_forward(
+    moe: MoeConfig, n: int, fp32_logits: bool, row_index: int, out_bytes: int
+) -> tuple[AllocSequence, list[int]]:
+    """The softmax/sigmoid router's forward allocations over ``n`` tokens, and its saved extras in
+    order (gather's index, the probabilities, div's operands, index_select's (R,) index)."""
+    e, k = moe.n_experts, moe.top_k
+    f32 = DType.FP32.n_bytes
+    probs, chosen = f32 * n * e, f32 * n * k
+    extras = [_INDEX * n * k, probs]  # gather's index, softmax's output
+    seq = AllocSequence().alloc(_INDEX * n * k).alloc(_INDEX * n * k).free(_INDEX * n * k)
+    if not fp32_logits:
+        seq.alloc(probs).alloc(probs).free(probs)  # the fp32 copy, then the softmax
+    else:
+        seq.alloc(probs)
+    if moe.aux_loss_coef:
+        seq.alloc(f32 * e).alloc(f32).free(f32 * e).alloc(f32).free(2 * f32)  # mean, sum, times coef
+    seq.alloc(chosen)
+    if moe.norm_topk_prob:
+        seq.alloc(f32 * n)  # sum
+        if moe.scoring is RouterScoring.SIGMOID:
+            seq.alloc(f32 * n).free(f32 * n)  # + 1e-20; the sum dies
+        seq.alloc(chosen)  # quotient
+        extras += [chosen, f32 * n]
+    if moe.routed_scaling_factor != 1.0:
+        seq.alloc(chosen).free(chosen)  # the product; the unscaled weights die unsaved
+    seq.alloc(_INDEX * n * k).alloc(row_index).free(_INDEX * n * k)
+    extras.append(row_index)
+    seq.alloc(out_bytes).free(chosen)  # the rows' weights; the (N, k) weights die unsaved
+    return seq, extras
+
+
+def _route_backward(moe: MoeConfig, n: int, fp32_logits: bool) -> AllocSequence:
+    """The softmax/sigmoid router's backward allocations: the weights' gradient scattered into (N k),
+    div's gradients ((N, k) quotient, (N, k) product, (N, 1) sum), gather's (N, E), the softmax's
+    fp32 gradient, cast back."""
+    f32 = DType.FP32.n_bytes
+    probs, chosen = f32 * n * moe.n_experts, f32 * n * moe.top_k
+    back = AllocSequence().alloc(chosen)
+    if moe.routed_scaling_factor != 1.0:
+        back.alloc(chosen).free(chosen)
+    if moe.norm_topk_prob:
+        back.alloc(chosen).alloc(chosen).alloc(f32 * n).free(chosen).free(chosen)
+    back.alloc(probs).free(chosen)
+    if moe.aux_loss_coef:
+        back.alloc(probs).free(probs)  # the mean's gradient, summed into the scattered one
+    if not fp32_logits:
+        back.alloc(probs)  # softmax's fp32 gradient beside the scattered one; then the cast (input grad)
+    return back
+
+
 @register(OpKind.MOE_ROUTE)
 def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     """Routing weights of the expert rows, fp32 (R,), from the router logits (N, E):
@@ -82,40 +132,10 @@ def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     f32 = DType.FP32.n_bytes
     probs, chosen, row_index = f32 * n * e, f32 * n * k, _INDEX * rows
     out = TensorInfo(numel=rows, dtype=DType.FP32)
-    extras = [_INDEX * n * k, probs]  # gather's index, softmax's output
-    seq = AllocSequence().alloc(_INDEX * n * k).alloc(_INDEX * n * k).free(_INDEX * n * k)
-    if logits.dtype is not DType.FP32:
-        seq.alloc(probs).alloc(probs).free(probs)  # the fp32 copy, then the softmax
-    else:
-        seq.alloc(probs)
-    if moe.aux_loss_coef:
-        seq.alloc(f32 * e).alloc(f32).free(f32 * e).alloc(f32).free(2 * f32)  # mean, sum, times coef
-    seq.alloc(chosen)
-    sigmoid = moe.scoring is RouterScoring.SIGMOID
+    fp32_logits = logits.dtype is DType.FP32
+    seq, extras = _route_forward(moe, n, fp32_logits, row_index, out.n_bytes)
+    back = _route_backward(moe, n, fp32_logits)
     scaled = moe.routed_scaling_factor != 1.0
-    if moe.norm_topk_prob:
-        seq.alloc(f32 * n)  # sum
-        if sigmoid:
-            seq.alloc(f32 * n).free(f32 * n)  # + 1e-20; the sum dies
-        seq.alloc(chosen)  # quotient
-        extras += [chosen, f32 * n]
-    if scaled:
-        seq.alloc(chosen).free(chosen)  # the product; the unscaled weights die unsaved
-    seq.alloc(_INDEX * n * k).alloc(row_index).free(_INDEX * n * k)
-    extras.append(row_index)
-    seq.alloc(out.n_bytes).free(chosen)  # the rows' weights; the (N, k) weights die unsaved
-    # backward: the weights' gradient scattered into (N k), div's gradients ((N, k) quotient,
-    # (N, k) product, (N, 1) sum), gather's (N, E), the softmax's fp32 gradient, cast back
-    back = AllocSequence().alloc(chosen)
-    if scaled:
-        back.alloc(chosen).free(chosen)
-    if moe.norm_topk_prob:
-        back.alloc(chosen).alloc(chosen).alloc(f32 * n).free(chosen).free(chosen)
-    back.alloc(probs).free(chosen)
-    if moe.aux_loss_coef:
-        back.alloc(probs).free(probs)  # the mean's gradient, summed into the scattered one
-    if logits.dtype is not DType.FP32:
-        back.alloc(probs)  # softmax's fp32 gradient beside the scattered one; then the cast (input grad)
     return LayerCost(
         output=out,
         saves_inputs=(False,),
