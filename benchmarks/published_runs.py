@@ -203,23 +203,9 @@ def plan_row(row: dict[str, str], models: dict[str, dict[str, str]],
         f"{row['table']} {row['model']} seq {seq_len}: roofplan counts {n:,} parameters, the table says "
         f"{result.num_params:,}: the architecture mapping is wrong")
 
-    if row["gpu"] not in HARDWARE:
-        result.skipped = f"no hardware profile for {row['gpu']}"
+    result.skipped = _mapping_refusal(row, result) or ""
+    if result.skipped:
         return result
-    result.hardware = HARDWARE[row["gpu"]]
-    if row["sharding_strategy"] not in ZERO_STAGE:
-        result.skipped = f"sharding strategy {row['sharding_strategy']} not mapped"
-        return result
-    result.zero_stage = ZERO_STAGE[row["sharding_strategy"]]
-    key = (row["precision"], row["mp_mode"])
-    if key not in PRECISION:
-        result.skipped = f"precision {row['precision']}/{row['mp_mode']} not mapped"
-        return result
-    result.roofplan_precision = PRECISION[key]
-    if _bool(row["activation_cpu_offload"]):
-        result.skipped = "activation CPU offload is not modelled"
-        return result
-
     n_layers = int(arch["n_layers"])
     knobs = api.Knobs(
         micro_batch_size=mbs, grad_accum_steps=accum, precision=result.roofplan_precision,
@@ -242,6 +228,24 @@ def plan_row(row: dict[str, str], models: dict[str, dict[str, str]],
     result.device_gb = estimate.memory.device_bytes / 1e9
     result.hbm_cap_gb = estimate.memory.hbm_cap_bytes / 1e9
     return result
+
+
+def _mapping_refusal(row: dict[str, str], result: Result) -> str | None:
+    """Why a row cannot be planned as published (a GPU, sharding, precision or offload roofplan does
+    not map), or None; fills the row's mapped hardware, ZeRO stage and precision on the way."""
+    if row["gpu"] not in HARDWARE:
+        return f"no hardware profile for {row['gpu']}"
+    result.hardware = HARDWARE[row["gpu"]]
+    if row["sharding_strategy"] not in ZERO_STAGE:
+        return f"sharding strategy {row['sharding_strategy']} not mapped"
+    result.zero_stage = ZERO_STAGE[row["sharding_strategy"]]
+    key = (row["precision"], row["mp_mode"])
+    if key not in PRECISION:
+        return f"precision {row['precision']}/{row['mp_mode']} not mapped"
+    result.roofplan_precision = PRECISION[key]
+    if _bool(row["activation_cpu_offload"]):
+        return "activation CPU offload is not modelled"
+    return None
 
 
 GROUPS: dict[str, Callable[[Result], str]] = {
