@@ -24,6 +24,7 @@ from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.fsdp import FsdpLayout
 from planner.graph import LayerGraph, build_graph
 from planner.knobs import Knobs
+from planner.layouts import check_layout
 from planner.memory import Category, Phase, StaticMemory, checkpoint_units, static_memory
 from planner.optimizer import optimizer_spec
 from planner.parallel_dims import Group
@@ -31,9 +32,9 @@ from planner.precision import PrecisionSpec, precision_spec
 from planner.program import RankProgram, StepProgram, placed
 from planner.schedule import Schedule
 from planner.strategies import Fsdp2, strategy_for
-from planner.strategies.context import check_context_parallel, local_seq_len, shard_context_parallel
-from planner.strategies.expert import check_expert_parallel, shard_experts
-from planner.strategies.tensor import check_tensor_parallel, rank_description
+from planner.strategies.context import local_seq_len, shard_context_parallel
+from planner.strategies.expert import shard_experts
+from planner.strategies.tensor import rank_description
 from planner.timing import (
     OpGroup,
     OpRoofline,
@@ -108,9 +109,7 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
     policies = {knobs.checkpoint_policy, *knobs.policy_overrides.values()}
     if knobs.checkpoint_blocks and not all(modelled_with_context_parallelism(p, knobs.parallel.cp) for p in policies):
         raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
-    check_tensor_parallel(model, local_seq_len(training.seq_len, knobs.parallel), knobs.parallel)
-    check_context_parallel(model, training.seq_len, knobs.parallel)
-    check_expert_parallel(model, knobs.parallel)
+    check_layout(model, training.seq_len, knobs.parallel)
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
     if outside:
         raise ConfigError(

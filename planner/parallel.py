@@ -30,30 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hardware.collectives import Collective, collective_time_s
 from hardware.profile import HardwareProfile
-from planner.config import TrainConfig
-from planner.errors import ConfigError
+from planner.layouts import MODELLED_STAGES as MODELLED_STAGES  # re-exports: which layouts exist is
+from planner.layouts import zero_stages as zero_stages  # planner.layouts' to say
 from planner.ops.base import ParamTensor
 from planner.step_time import Collectives
-
-MODELLED_STAGES = (0, 1, 2, 3)
-
-
-def zero_stages(training: TrainConfig, gpus: int, gpus_per_node: int, zero_stage: int | None) -> tuple[int, ...]:
-    """The ZeRO stages a request allows (checking ``--gpus``, ``--gpus-per-node``, ``--zero-stage``;
-    that the global batch splits over the data-parallel ranks is the layout's to check)."""
-    if gpus <= 0:
-        raise ConfigError(f"--gpus: must be positive, got {gpus}")
-    if gpus_per_node <= 0:
-        raise ConfigError(f"--gpus-per-node: must be positive, got {gpus_per_node}")
-    if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
-        raise ConfigError(f"--zero-stage: {zero_stage} is not a ZeRO stage; use 0, 1, 2 or 3")
-    if gpus == 1:
-        if zero_stage:
-            raise ConfigError("--zero-stage: sharding needs several GPUs; add --gpus N or use --zero-stage 0")
-        return (0,)
-    if zero_stage is None:
-        return MODELLED_STAGES
-    return (zero_stage,)
 
 
 class ParallelConfig(BaseModel):

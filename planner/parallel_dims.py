@@ -57,6 +57,24 @@ class Group(StrEnum):
     EP = "ep"  # an expert-parallel group: ep consecutive data-parallel ranks
 
 
+class MeshAxis(StrEnum):
+    """A named dimension of the device mesh (torchtitan's ``mesh_dim_names``)."""
+
+    DP = "dp"  # the data-parallel ranks (replicate or shard)
+    DP_MOD_EP = "dp_mod_ep"  # under expert parallelism: the data-parallel ranks holding the same experts
+    EP = "ep"  # an expert-parallel group: consecutive data-parallel ranks
+    CP = "cp"
+    TP = "tp"
+
+
+# the mesh axes each communication group spans
+GROUP_AXES: dict[Group, frozenset[MeshAxis]] = {
+    Group.TP: frozenset({MeshAxis.TP}),
+    Group.CP: frozenset({MeshAxis.CP}),
+    Group.DP: frozenset({MeshAxis.DP, MeshAxis.DP_MOD_EP, MeshAxis.EP}),
+    Group.FSDP: frozenset({MeshAxis.DP, MeshAxis.DP_MOD_EP, MeshAxis.EP, MeshAxis.CP}),  # torchtitan's dp_shard_cp
+    Group.EP: frozenset({MeshAxis.EP}),
+}
 ZERO_STAGE_OF = {None: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}
 SHARDING_OF_STAGE = {stage: sharding for sharding, stage in ZERO_STAGE_OF.items()}
 NOT_MODELLED = ("pp",)
@@ -132,13 +150,31 @@ class ParallelDims(BaseModel):
         """Ranks that each run their own micro-batches (replicas times shards)."""
         return self.dp_replicate * self.dp_shard
 
+    @property
+    def mesh(self) -> tuple[tuple[MeshAxis, int], ...]:
+        """The device mesh, outermost axis first, as validate builds it: torchtitan's order
+        ``[pp, dp_replicate, dp_shard, cp, tp]`` (tp innermost: its ranks are neighbours, inside a
+        node), ``(dp, cp, tp)`` under context parallelism; expert parallelism splits the
+        data-parallel ranks into ``(dp_mod_ep, ep)`` (torchtitan's sparse mesh, etp = tp)."""
+        if self.cp > 1:
+            return ((MeshAxis.DP, self.data_parallel), (MeshAxis.CP, self.cp), (MeshAxis.TP, self.tp))
+        if self.ep > 1:
+            tensor = ((MeshAxis.TP, self.tp),) if self.tp > 1 else ()
+            return ((MeshAxis.DP_MOD_EP, self.data_parallel // self.ep), (MeshAxis.EP, self.ep), *tensor)
+        if self.tp == 1:
+            return ((MeshAxis.DP, self.data_parallel),)
+        return ((MeshAxis.DP, self.data_parallel), (MeshAxis.TP, self.tp))
+
     def ranks_per_node(self, group: Group, gpus_per_node: int) -> int:
-        """How many ranks of one ``group`` share a node, the mesh laid out tp innermost, then cp,
-        then data parallelism."""
-        inner = {Group.TP: 1, Group.CP: self.tp, Group.DP: self.tp * self.cp, Group.FSDP: self.tp,
-                 Group.EP: self.tp * self.cp}[group]
-        size = {Group.TP: self.tp, Group.CP: self.cp, Group.DP: self.data_parallel, Group.FSDP: self.fsdp_ranks,
-                Group.EP: self.ep}[group]
+        """How many ranks of one ``group`` share a node: its ranks are ``mesh``'s ``GROUP_AXES``,
+        a rank's neighbours along them ``gpus_per_node`` over the ranks of the axes inside them."""
+        axes = GROUP_AXES[group]
+        size, inner, inside = 1, 1, True
+        for axis, degree in reversed(self.mesh):  # innermost first
+            if axis in axes:
+                size, inside = size * degree, False
+            elif inside:
+                inner *= degree
         return max(1, min(size, gpus_per_node // inner))
 
     @property

@@ -6,11 +6,11 @@ import math
 
 from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes
+from planner.layouts import MOST_SHARDING, NOT_MODELLED_NOTE
 from planner.memory import Category
 from planner.memory_types import Phase
 from planner.parallel_dims import layout_label
 from planner.results import PlanEntry
-from planner.strategies.context import MIN_CONTEXT_SHARD_TOKENS
 
 
 def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, scale_out: str | None = None) -> str:
@@ -56,10 +56,8 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
         lines.append(f"  or more GPUs: {scale_out}")
     else:
         lines.append(
-            f"  more GPUs do not help: even sharding everything (ZeRO-3, FSDP2) over as many GPUs as the global batch "
-            f"has sequences, with tensor and sequence parallelism inside a node and context parallelism down to "
-            f"{MIN_CONTEXT_SHARD_TOKENS} tokens of a sequence per GPU, leaves activations, logits and a gathered block "
-            f"per GPU above the cap (model state on one GPU here {state}); shorten the sequence, or fix a larger --cp "
-            f"(pipeline parallelism is not modelled yet)"
+            f"  more GPUs do not help: even {MOST_SHARDING}, leaves activations, logits and a gathered block per GPU "
+            f"above the cap (model state on one GPU here {state}); shorten the sequence, or fix a larger --cp "
+            f"{NOT_MODELLED_NOTE}".rstrip()
         )
     return "\n".join(lines)

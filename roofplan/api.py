@@ -26,13 +26,13 @@ from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfi
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import estimate
 from planner.knobs import GradSync, Knobs, parse_checkpoint_spec
+from planner.layouts import LayoutRequest, as_flags, check_fixed_request, checked_request, fixed_layout
 from planner.model_io import Workload, resolve
-from planner.parallel import ParallelConfig, zero_stages
-from planner.parallel_dims import ParallelDims, layout_label
+from planner.parallel import ParallelConfig
+from planner.parallel_dims import layout_label
 from planner.params import count_params
 from planner.precision import PrecisionPolicy
 from planner.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
-from planner.strategies.expert import expert_degrees
 from roofplan.advice import infeasible_message
 from roofplan.results import Plan
 
@@ -175,42 +175,19 @@ def plan(
     blocks = _checkpoint_blocks(checkpoint, model.n_layers)
     parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=max(gpus_per_node, 1))
     grad_sync = _grad_sync(fsdp_grad_sync, gpus, zero_stage)
-    if gpus == 1:
-        for flag, degree in (("--tp", tp), ("--cp", cp), ("--ep", ep)):
-            if degree is not None and degree != 1:
-                raise ConfigError(f"{flag}: {degree} needs several GPUs; give --gpus (a multiple of {degree}) or leave "
-                                  f"{flag} out")
-        tp = cp = ep = 1
-    if ep is None and model.moe is None:
-        ep = 1
     if save_list is not None and ckpt_policy not in (None, CheckpointPolicy.OPS):
         raise ConfigError(f"--save-list: applies to --checkpoint-policy ops (per-op selective checkpointing), not "
                           f"{ckpt_policy.value}; leave it out or use --checkpoint-policy ops")
-    if cp is not None and cp > 1 and zero_stage is not None and zero_stage < 2:
-        raise ConfigError(f"--cp: context parallelism runs with FSDP2 over the data- and context-parallel ranks; "
-                          f"--zero-stage {zero_stage} is DDP or ZeRO-1: use --zero-stage 2 or 3, or leave it out")
+    request = checked_request(model, LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tp, cp=cp, ep=ep,
+                                                   sp=sequence_parallel))
     if (micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None
-            and (gpus == 1 or (zero_stage is not None and tp is not None and cp is not None and ep is not None))):
-        zero_stages(training, gpus, gpus_per_node, zero_stage)
-        assert tp is not None and cp is not None and ep is not None
-        expert_degrees(model, gpus, ep)
-        for flag, degree in (("--tp", tp), ("--cp", cp)):
-            if degree <= 0 or gpus % degree:
-                raise ConfigError(f"{flag}: {degree} must be a positive divisor of the {gpus} GPUs (--gpus)")
-        if gpus % (tp * cp):
-            raise ConfigError(f"--tp x --cp: {tp} x {cp} must divide the {gpus} GPUs (--gpus)")
-        per_rank = training.global_batch_size * tp * cp // gpus
+            and request.fixed):
+        check_fixed_request(model, training, request, gpus_per_node)
+        per_rank = training.global_batch_size * (request.tp or 1) * (request.cp or 1) // gpus
         if micro_batch_size <= 0 or per_rank % micro_batch_size:
             raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_rank} "
                               "sequences each data-parallel rank gets per step")
-        try:
-            layout = ParallelDims.data_parallel_of(gpus, zero_stage or 0, tp=tp, sp=sequence_parallel and tp > 1, cp=cp,
-                                                   ep=ep)
-        except ValidationError as error:
-            raise ConfigError(f"--zero-stage / --tp / --cp / --ep: "
-                              f"{error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-        except ValueError as error:
-            raise ConfigError(f"--zero-stage / --tp / --cp / --ep: {error}") from None
+        layout = fixed_layout(request)
         knobs = Knobs(
             micro_batch_size=micro_batch_size,
             grad_accum_steps=per_rank // micro_batch_size,
@@ -227,8 +204,9 @@ def plan(
     from search.study import SamplerKind, SearchOptions, run_search
 
     space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, gpus_per_node,
-                        zero_stage, grad_sync, tensor_parallel=tp, sequence_parallel=sequence_parallel,
-                        context_parallel=cp, checkpoint_policy=ckpt_policy, save_list=saved, expert_parallel=ep)
+                        zero_stage, grad_sync, tensor_parallel=request.tp, sequence_parallel=sequence_parallel,
+                        context_parallel=request.cp, checkpoint_policy=ckpt_policy, save_list=saved,
+                        expert_parallel=request.ep)
     if sampler not in {k.value for k in SamplerKind}:
         raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {', '.join(k.value for k in SamplerKind)}")
     try:
@@ -276,13 +254,9 @@ def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, c
         return None
     n, knobs = found
     flag = " --fsdp-grad-sync last" if knobs.fsdp_grad_sync is GradSync.LAST else ""
-    dims = knobs.parallel
-    tp = f" --tp {dims.tp}" if dims.tp > 1 else ""
-    cp = f" --cp {dims.cp}" if dims.cp > 1 else ""
-    cp += f" --ep {dims.ep}" if dims.ep > 1 else ""
     policy = f" --checkpoint-policy {checkpoint_policy.value}" if checkpoint_policy is not None else ""
-    return (f"it fits on {n} GPUs as {layout_label(dims)} ({knobs.precision.value}, micro-batch "
-            f"{knobs.micro_batch_size}): --gpus {n} --zero-stage {knobs.zero_stage}{tp}{cp}{policy}{flag}")
+    return (f"it fits on {n} GPUs as {layout_label(knobs.parallel)} ({knobs.precision.value}, micro-batch "
+            f"{knobs.micro_batch_size}): {as_flags(knobs.parallel)}{policy}{flag}")
 
 
 def validate(

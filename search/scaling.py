@@ -12,11 +12,10 @@ from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveLi
 from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
 from planner.knobs import GradSync, Knobs
-from planner.parallel import MODELLED_STAGES
-from planner.parallel_dims import ParallelDims
+from planner.layouts import MODELLED_STAGES, divisors, layout_at, scale_out_degrees
 from planner.precision import PrecisionPolicy
 from search.smallest import first_fitting
-from search.space import build_space, context_degrees, divisors, layout_refusal
+from search.space import build_space
 
 
 def fewest_gpus(
@@ -39,9 +38,7 @@ def fewest_gpus(
     context-parallel degree it allows (each rank keeping ``MIN_CONTEXT_SHARD_TOKENS`` of a
     sequence). With ``GradSync.LAST`` only ZeRO-2/3 are tried (the mode exists only there), priced
     in that mode; a fixed ``checkpoint_policy`` is kept."""
-    seq = training.seq_len
-    degrees = [tp for tp in divisors(gpus_per_node) if layout_refusal(model, seq, tp, 1) is None]
-    contexts = [cp for cp in context_degrees(seq, divisors(seq)) if layout_refusal(model, seq, 1, cp) is None]
+    degrees, contexts = scale_out_degrees(model, training.seq_len, gpus_per_node)
     counts = sorted({dp * tp * cp for dp in divisors(training.global_batch_size) for tp in degrees for cp in contexts})
     for gpus in counts:
         if gpus <= start:
@@ -51,9 +48,8 @@ def fewest_gpus(
             (stage, tp, cp) for cp in contexts if cp > 1 for tp in degrees if not gpus % (tp * cp)
             for stage in MODELLED_STAGES]
         for stage, tp, cp in layouts:
-            try:  # the layout's own rules (a stage needs ranks to shard over; cp runs under FSDP2)
-                dims = ParallelDims.data_parallel_of(gpus, stage, tp=tp, cp=cp)
-            except ValueError:
+            dims = layout_at(gpus, True, stage, tp, cp)  # None: no such layout (planner.layouts)
+            if dims is None:
                 continue
             fsdp = dims.shards_parameters
             if fsdp_grad_sync is GradSync.LAST and not fsdp:  # the mode exists only under FSDP2

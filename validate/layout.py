@@ -22,22 +22,14 @@ from validate.reference_model import Transformer
 
 
 def device_mesh(device_type: str, dims: ParallelDims) -> Any:
-    """The mesh of ``dims``: 1-D over the data-parallel ranks without tensor or context
-    parallelism, else (dp, tp) or (dp, cp, tp), tp innermost (its ranks are neighbours, inside a
-    node), then cp (torchtitan's order)."""
+    """The mesh of ``dims``, as the planner lays it out (``ParallelDims.mesh``: torchtitan's order,
+    tp innermost, its ranks neighbours inside a node; (dp, cp, tp) under context parallelism,
+    (dp_mod_ep, ep[, tp]) under expert parallelism)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if dims.cp > 1:
-        return init_device_mesh(device_type, (dims.data_parallel, dims.cp, dims.tp), mesh_dim_names=("dp", "cp", "tp"))
-    if dims.ep > 1:  # torchtitan's split of the FSDP ranks: ep consecutive ranks, dp_mod_ep across them
-        if dims.tp > 1:  # torchtitan's sparse mesh with etp = tp: (efsdp, ep, etp)
-            return init_device_mesh(device_type, (dims.data_parallel // dims.ep, dims.ep, dims.tp),
-                                    mesh_dim_names=("dp_mod_ep", "ep", "tp"))
-        return init_device_mesh(device_type, (dims.data_parallel // dims.ep, dims.ep),
-                                mesh_dim_names=("dp_mod_ep", "ep"))
-    if dims.tp == 1:
-        return init_device_mesh(device_type, (dims.data_parallel,))
-    return init_device_mesh(device_type, (dims.data_parallel, dims.tp), mesh_dim_names=("dp", "tp"))
+    axes = dims.mesh
+    return init_device_mesh(device_type, tuple(degree for _, degree in axes),
+                            mesh_dim_names=tuple(axis.value for axis, _ in axes))
 
 
 def context_mesh(mesh: Any, dims: ParallelDims) -> Any | None:

@@ -13,50 +13,18 @@ torchtitan's ``train.py``): a group of ``cp`` ranks shares every sequence.
 Refused, naming the field: eager attention (torch's dispatcher runs SDPA only), learned positions
 (their table is indexed by position; torchtitan's context parallelism shards RoPE tables), a
 sequence that does not split into 2 cp equal chunks, and DDP / ZeRO-1 beside it
-(``ParallelDims`` checks the last).
+(``ParallelDims`` checks the last): the rules are ``planner.layout_rules``'.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.config import AttentionImpl, Implementation, LossKind, ModelConfig, PositionKind, effective_loss
 from planner.description import ModelDesc
-from planner.errors import ConfigError
+from planner.layout_rules import MIN_CONTEXT_SHARD_TOKENS as MIN_CONTEXT_SHARD_TOKENS  # re-exports: the
+from planner.layout_rules import check_context_parallel as check_context_parallel  # rules live there
 from planner.ops.base import OpKind
 from planner.parallel_dims import ParallelDims
-
-# the shortest share of a sequence a searched context-parallel degree leaves a rank: below it the
-# ring's blocks ((T/2cp) x (T/cp) per step) are shorter than the lengths where FlashAttention's
-# published rates level off (4-8k tokens, docs/kernel_benchmarks.md) and the key/value all-gather
-# hides behind less work (torchtitan applies CP to sequences of 32k tokens and more). It also keeps
-# the layout search within its time budget (benchmarks/plan_speed.py); --cp fixes any degree
-MIN_CONTEXT_SHARD_TOKENS = 4096
-
-
-def check_context_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) -> None:
-    """Refuse layouts PyTorch cannot run as planned, naming the field and the fix."""
-    cp = dims.cp
-    if cp == 1:
-        return
-    if model.implementation is not Implementation.REFERENCE or effective_loss(model) is not LossKind.PLAIN:
-        raise ConfigError(f"parallel.cp: context parallelism is modelled for the reference implementation with the "
-                          f"plain loss, not {model.implementation.value} with the {effective_loss(model).value} loss; "
-                          f"use cp 1 (data parallelism) or implementation: reference")
-    if model.mla is not None:
-        raise ConfigError(f"parallel.cp: context parallelism of {model.name}'s multi-head latent attention (query/key "
-                          "and value head dims differ) is not modelled yet; use cp 1")
-    if model.attention is not AttentionImpl.FLASH:
-        raise ConfigError(f"parallel.cp: context parallelism runs scaled_dot_product_attention as ring attention; "
-                          f"{model.name} uses eager attention: use attention: flash, or cp 1")
-    if model.positions is not PositionKind.ROTARY:
-        raise ConfigError(f"parallel.cp: {model.name} adds learned positions to the whole sequence, which context "
-                          "parallelism (as torchtitan runs it, sharding rotary tables) does not model: use a rotary "
-                          "model, or cp 1")
-    if seq_len % (2 * cp):
-        raise ConfigError(f"parallel.cp: load-balanced context parallelism splits each sequence into 2 x cp = {2 * cp} "
-                          f"equal chunks; seq_len {seq_len} does not divide: use a seq_len divisible by {2 * cp}, or "
-                          "another cp")
 
 
 def local_seq_len(seq_len: int, dims: ParallelDims) -> int:

@@ -12,7 +12,8 @@ E experts, E/ep each, and exchanges the routed rows by all-to-all.
 | model state | the experts FSDP2-sharded over the dp_shard / ep ranks holding the same ones (their own ``fully_shard`` unit inside the block's), the rest over all dp_shard ranks |
 
 Refused, naming the field: a model without MoE blocks, an ep that does not divide the experts;
-``ParallelDims`` refuses ep without FSDP2, with context parallelism or not dividing dp_shard.
+``ParallelDims`` refuses ep without FSDP2, with context parallelism or not dividing dp_shard (the
+rules are ``planner.layout_rules``', the degrees a request allows ``planner.layouts``').
 """
 
 from __future__ import annotations
@@ -21,40 +22,10 @@ from dataclasses import replace
 
 from planner.config import ModelConfig
 from planner.description import ModelDesc, OpDesc
-from planner.errors import ConfigError
+from planner.layout_rules import check_expert_parallel as check_expert_parallel  # re-exports: the
+from planner.layouts import expert_degrees as expert_degrees  # rules live there
 from planner.ops.base import OpKind
 from planner.parallel_dims import ParallelDims
-
-
-def check_expert_parallel(model: ModelConfig, dims: ParallelDims) -> None:
-    """Refuse layouts PyTorch cannot run as planned, naming the field and the fix."""
-    ep = dims.ep
-    if ep == 1:
-        return
-    if model.moe is None:
-        raise ConfigError(f"parallel.ep: {model.name} has no mixture-of-experts blocks to split; use ep 1")
-    if model.moe.n_experts % ep:
-        raise ConfigError(f"parallel.ep: {ep} does not divide the {model.moe.n_experts} experts of {model.name}; use an "
-                          "ep that divides n_experts")
-
-
-def expert_degrees(model: ModelConfig, gpus: int, fixed: int | None) -> tuple[int, ...]:
-    """The expert-parallel degrees a request allows: ``--ep`` if given (checked against the model
-    and the GPUs, the error naming the flag), else every degree dividing both the GPUs and the
-    experts of a model with MoE blocks (1 for a dense model); ``search.space.SearchSpace.allows`` keeps those
-    that divide a point's data-parallel ranks under FSDP2."""
-    if fixed is not None:
-        if fixed <= 0 or gpus % fixed:
-            raise ConfigError(f"--ep: {fixed} must be a positive divisor of the {gpus} GPUs (--gpus)")
-        if fixed > 1 and model.moe is None:
-            raise ConfigError(f"--ep: {model.name} has no mixture-of-experts blocks to split; leave --ep out")
-        if fixed > 1 and model.moe is not None and model.moe.n_experts % fixed:
-            raise ConfigError(f"--ep: {fixed} does not divide the {model.moe.n_experts} experts of {model.name}; use a "
-                              "divisor of them")
-        return (fixed,)
-    if model.moe is None:
-        return (1,)
-    return tuple(ep for ep in range(1, gpus + 1) if gpus % ep == 0 and model.moe.n_experts % ep == 0)
 
 
 def shard_experts(desc: ModelDesc, ep: int, ranks_per_node: int) -> ModelDesc:

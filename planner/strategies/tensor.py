@@ -34,14 +34,13 @@ from dataclasses import replace
 from functools import lru_cache
 
 from planner.blocks import describe
-from planner.config import Implementation, LossKind, ModelConfig, PositionKind, effective_loss
+from planner.config import ModelConfig, PositionKind
 from planner.description import ModelDesc, OpDesc, TpRole
-from planner.errors import ConfigError
+from planner.layout_rules import check_tensor_parallel as check_tensor_parallel  # re-export: the rule lives there
 from planner.ops.base import OpKind, ParamTensor
 from planner.parallel_dims import ParallelDims
 from planner.strategies.expert import shard_experts
 from planner.strategies.tensor_moe import (
-    check_moe_tensor_parallel,
     describe_moe_tensor_parallel,
     moe_regions,
     shard_moe_op,
@@ -51,42 +50,6 @@ from planner.strategies.tensor_moe import (
 def _chunk(n: int, ranks: int) -> int:
     """Rank 0's share of ``n`` split by ``torch.chunk`` (DTensor's Shard)."""
     return math.ceil(n / ranks)
-
-
-def check_tensor_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) -> None:
-    """Refuse layouts PyTorch cannot run as planned, naming the field and the fix."""
-    tp, sequence_parallel = dims.tp, dims.sp
-    if tp == 1:
-        return
-    if model.implementation is not Implementation.REFERENCE or effective_loss(model) is not LossKind.PLAIN:
-        raise ConfigError(f"parallel.tp: tensor parallelism is modelled for the reference implementation with the "
-                          f"plain loss, not {model.implementation.value} with the {effective_loss(model).value} loss; "
-                          f"use tp 1 (data parallelism) or implementation: reference")
-    if model.mla is not None:
-        raise ConfigError(f"parallel.tp: tensor parallelism of {model.name}'s multi-head latent attention is not "
-                          "modelled yet; use tp 1 (data parallelism, FSDP2)")
-    if model.attention_sinks:
-        raise ConfigError(f"parallel.tp: {model.name}'s attention sinks (one logit per head) are not sharded by the "
-                          "tensor-parallel plan yet; use tp 1 (data parallelism, FSDP2)")
-    check_moe_tensor_parallel(model, tp)
-    if dims.data_parallel > 1 and not dims.shards_parameters:
-        raise ConfigError(f"parallel.tp: tensor parallelism with {dims.data_parallel} data-parallel replicas under DDP "
-                          "or ZeRO-1 is not modelled (DDP needs its DTensor parameters made local first; torchtitan "
-                          "runs FSDP2 x TP): use ZeRO-2 or ZeRO-3 (FSDP2) for the data-parallel dimension")
-    if model.tie_embeddings:
-        raise ConfigError(f"parallel.tp: {model.name} ties its LM head to the token embedding; PyTorch's "
-                          "parallelize_module registers the sharded LM head weight as a parameter of its own, which "
-                          "unties them: untie them (tie_embeddings: false) or use tp 1")
-    if model.n_heads % tp:
-        raise ConfigError(f"parallel.tp: {tp} does not divide the {model.n_heads} attention heads of "
-                          f"{model.name}; use a tp that divides n_heads")
-    if model.kv_heads % tp:
-        raise ConfigError(f"parallel.tp: {tp} is more than or does not divide the {model.kv_heads} key/value heads "
-                          f"of {model.name}; replicating key/value heads across a tensor-parallel group is not "
-                          "modelled: use a tp that divides n_kv_heads")
-    if sequence_parallel and seq_len % tp:
-        raise ConfigError(f"parallel.sp: sequence parallelism splits the {seq_len} tokens of a sequence over tp {tp}; "
-                          "use a seq_len divisible by tp, or no sequence parallelism")
 
 
 def _param(param: ParamTensor, numel: int, rows: int) -> ParamTensor:

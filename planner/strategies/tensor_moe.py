@@ -28,27 +28,8 @@ from dataclasses import replace
 
 from planner.config import ModelConfig
 from planner.description import ModelDesc, OpDesc, TpRole
-from planner.errors import ConfigError
-from planner.moe_config import ExpertActivation
+from planner.layout_rules import check_moe_tensor_parallel as check_moe_tensor_parallel  # re-export
 from planner.ops.base import OpKind, OpVariant
-
-
-def check_moe_tensor_parallel(model: ModelConfig, tp: int) -> None:
-    """Refuse MoE blocks tensor parallelism cannot run as planned, naming the field and the fix."""
-    moe = model.moe
-    if moe is None or tp == 1:
-        return
-    if moe.aux_loss_coef:
-        raise ConfigError(f"moe.aux_loss_coef: under tensor parallelism the load-balancing loss's gradient is whole on "
-                          f"every rank while the router's is a partial sum; not modelled: use tp 1 or "
-                          f"aux_loss_coef 0 for {model.name}")
-    if moe.expert_bias or moe.expert_activation is not ExpertActivation.SWIGLU:
-        raise ConfigError(f"parallel.tp: tensor parallelism of {model.name}'s biased or interleaved gate_up experts "
-                          "(gpt-oss) is not modelled yet; use tp 1 (data and expert parallelism, FSDP2)")
-    for field, size in (("d_ff_expert", moe.d_ff_expert), ("shared_d_ff", moe.shared_d_ff)):
-        if size % tp:
-            raise ConfigError(f"parallel.tp: {tp} does not divide moe.{field} {size} of {model.name}; use a tp that "
-                              "divides every expert's inner size")
 
 
 def moe_regions(desc: ModelDesc, model: ModelConfig) -> dict[str, str]:
