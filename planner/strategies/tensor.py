@@ -95,93 +95,119 @@ def shard_tensor_parallel(desc: ModelDesc, model: ModelConfig, tp: int, sequence
     """One tensor-parallel rank's description (see the module docstring)."""
     if tp == 1:
         return desc
-    group = {"group_size": tp, "ranks_per_node": ranks_per_node}
-    ops: list[OpDesc] = []
-    rename: dict[str, str] = {}  # tensor -> the collective its consumers read instead
-    entries: dict[str, str] = {}  # colwise group input -> its entry collective
-    sharded: set[str] = set()  # tensors split along the sequence (SP)
-    ends: dict[str, str] = {}  # module-call frames that now end at a collective
+    rewrite = _TpRewrite(desc, model, tp, sequence_parallel, ranks_per_node)
+    for op in desc.ops:
+        inputs = tuple(rewrite.rename.get(name, name) for name in op.inputs)
+        prefix = rewrite.regions.get(op.name)
+        if prefix is not None:
+            rewrite.moe_op(op, inputs, prefix)
+        else:
+            rewrite.dense_op(op, rewrite.stream_entering_blocks(op, inputs))
+    return ModelDesc(ops=tuple(rewrite.ops), held_until=rewrite.holds(desc))
 
-    def collective(name: str, kind: OpKind, source: str, block: int | None) -> str:
-        ops.append(OpDesc(name=name, kind=kind, inputs=(source,), block=block, tp=TpRole.REPLICATE,
-                          fields=tuple(sorted(group.items()))))
+
+class _TpRewrite:
+    """The state of one pass over the description: the ops written so far, and which tensors the
+    collectives it inserted replace, enter a colwise group or are split along the sequence."""
+
+    def __init__(self, desc: ModelDesc, model: ModelConfig, tp: int, sequence_parallel: bool,
+                 ranks_per_node: int) -> None:
+        self.model, self.tp, self.sp = model, tp, sequence_parallel
+        self.group = {"group_size": tp, "ranks_per_node": ranks_per_node}
+        self.ops: list[OpDesc] = []
+        self.rename: dict[str, str] = {}  # tensor -> the collective its consumers read instead
+        self.entries: dict[str, str] = {}  # colwise group input -> its entry collective
+        self.sharded: set[str] = set()  # tensors split along the sequence (SP)
+        self.ends: dict[str, str] = {}  # module-call frames that now end at a collective
+        self.scatter_before_blocks = sequence_parallel and model.positions is PositionKind.LEARNED
+        # MoE blocks: one collective in, one out (planner.strategies.tensor_moe)
+        self.regions = moe_regions(desc, model)
+        self.exits = {prefix: name for name, prefix in self.regions.items()}  # each block's last op (its output)
+        self.moe_inputs = {self.regions[op.name]: x for op in reversed(desc.ops) if op.name in self.regions
+                           for x in op.inputs if x not in self.regions}  # each block's input (its norm's output)
+
+    def collective(self, name: str, kind: OpKind, source: str, block: int | None) -> str:
+        self.ops.append(OpDesc(name=name, kind=kind, inputs=(source,), block=block, tp=TpRole.REPLICATE,
+                               fields=tuple(sorted(self.group.items()))))
         return name
 
-    def made_whole(name: str, source: str, block: int | None) -> None:
+    def made_whole(self, name: str, source: str, block: int | None) -> None:
         """The partial sums of ``source`` made whole: reduce-scatter (SP) or all-reduce; the
         frame of ``source`` now ends at the collective."""
-        kind = OpKind.REDUCE_SCATTER_TO_SEQUENCE if sequence_parallel else OpKind.REDUCE_FROM_REGION
-        out = collective(name, kind, source, block)
-        if sequence_parallel:
-            sharded.add(out)
-        rename[source] = ends[source] = out
+        kind = OpKind.REDUCE_SCATTER_TO_SEQUENCE if self.sp else OpKind.REDUCE_FROM_REGION
+        out = self.collective(name, kind, source, block)
+        if self.sp:
+            self.sharded.add(out)
+        self.rename[source] = self.ends[source] = out
 
-    scatter_before_blocks = sequence_parallel and model.positions is PositionKind.LEARNED
-    regions = moe_regions(desc, model)  # MoE blocks: one collective in, one out (planner.strategies.tensor_moe)
-    exits = {prefix: name for name, prefix in regions.items()}  # each block's last op (its output)
-    moe_inputs = {regions[op.name]: x for op in reversed(desc.ops) if op.name in regions
-                  for x in op.inputs if x not in regions}  # each block's input (its norm's output)
-    for op in desc.ops:
-        inputs = tuple(rename.get(name, name) for name in op.inputs)
-        prefix = regions.get(op.name)
-        if prefix is not None:
-            x = rename.get(moe_inputs[prefix], moe_inputs[prefix])
-            if x not in entries:  # the module's input hook, before its forward: gathered (SP) or taken as it is
-                kind = OpKind.GATHER_FROM_SEQUENCE if x in sharded else OpKind.COPY_TO_REGION
-                entries[x] = collective(f"{prefix}.tp_in", kind, x, op.block)
-            op = replace(op, inputs=tuple(entries[x] if name == x else name for name in inputs))
-            if op.kind is OpKind.LINEAR and op.tp is TpRole.COLWISE:
-                op = _colwise(op, tp)
-            elif op.kind is OpKind.LINEAR and op.tp is TpRole.ROWWISE:
-                op = _rowwise(op, tp)
-            ops.append(shard_moe_op(op, tp, group))
-            if exits[prefix] == op.name:  # the MoE block's output
-                made_whole(f"{prefix}.tp_out", op.name, op.block)
-            continue
-        if scatter_before_blocks and op.block == 0 and op.tp is TpRole.SEQUENCE and inputs[0] not in sharded:
-            # learned positions are added to the whole sequence: shard the stream as it enters the blocks
-            stream = collective("blocks.0.tp_scatter", OpKind.SCATTER_TO_SEQUENCE, inputs[0], 0)
-            sharded.add(stream)
-            rename[inputs[0]] = stream
-            inputs = (stream, *inputs[1:])
+    def entry(self, x: str, owner: str, block: int | None) -> str:
+        """The collective a module's input goes through first: gathered (SP) or taken as it is."""
+        if x not in self.entries:
+            kind = OpKind.GATHER_FROM_SEQUENCE if x in self.sharded else OpKind.COPY_TO_REGION
+            self.entries[x] = self.collective(f"{owner}.tp_in", kind, x, block)
+        return self.entries[x]
+
+    def moe_op(self, op: OpDesc, inputs: tuple[str, ...], prefix: str) -> None:
+        """An op of a MoE block: the block's input enters once, its output is made whole once."""
+        x = self.rename.get(self.moe_inputs[prefix], self.moe_inputs[prefix])
+        entry = self.entry(x, prefix, op.block)
+        op = replace(op, inputs=tuple(entry if name == x else name for name in inputs))
+        if op.kind is OpKind.LINEAR and op.tp is TpRole.COLWISE:
+            op = _colwise(op, self.tp)
+        elif op.kind is OpKind.LINEAR and op.tp is TpRole.ROWWISE:
+            op = _rowwise(op, self.tp)
+        self.ops.append(shard_moe_op(op, self.tp, self.group))
+        if self.exits[prefix] == op.name:  # the MoE block's output
+            self.made_whole(f"{prefix}.tp_out", op.name, op.block)
+
+    def stream_entering_blocks(self, op: OpDesc, inputs: tuple[str, ...]) -> tuple[str, ...]:
+        """Learned positions are added to the whole sequence: under SP the stream is sharded as it
+        enters the blocks."""
+        if not (self.scatter_before_blocks and op.block == 0 and op.tp is TpRole.SEQUENCE
+                and inputs[0] not in self.sharded):
+            return inputs
+        stream = self.collective("blocks.0.tp_scatter", OpKind.SCATTER_TO_SEQUENCE, inputs[0], 0)
+        self.sharded.add(stream)
+        self.rename[inputs[0]] = stream
+        return (stream, *inputs[1:])
+
+    def dense_op(self, op: OpDesc, inputs: tuple[str, ...]) -> None:
+        """Any other op, as its ``TpRole`` says."""
         if op.kind is OpKind.LINEAR and op.tp in (TpRole.COLWISE, TpRole.VOCAB):
-            x = inputs[0]
-            if x not in entries:
-                owner = op.name.rsplit(".", 1)[0] if op.block is not None else op.name
-                kind = OpKind.GATHER_FROM_SEQUENCE if x in sharded else OpKind.COPY_TO_REGION
-                entries[x] = collective(f"{owner}.tp_in", kind, x, op.block)
-            ops.append(replace(_colwise(op, tp), inputs=(entries[x], *inputs[1:])))
-            continue
-        if op.kind is OpKind.LINEAR and op.tp is TpRole.ROWWISE:
-            ops.append(replace(_rowwise(op, tp), inputs=inputs))
-            made_whole(f"{op.name}.tp_out", op.name, op.block)
-            continue
-        if op.kind is OpKind.EMBEDDING:
-            ops.append(replace(_vocab_rows(op, tp), inputs=inputs))
-            to_sequence = sequence_parallel and not scatter_before_blocks
+            owner = op.name.rsplit(".", 1)[0] if op.block is not None else op.name
+            self.ops.append(replace(_colwise(op, self.tp), inputs=(self.entry(inputs[0], owner, op.block),
+                                                                   *inputs[1:])))
+        elif op.kind is OpKind.LINEAR and op.tp is TpRole.ROWWISE:
+            self.ops.append(replace(_rowwise(op, self.tp), inputs=inputs))
+            self.made_whole(f"{op.name}.tp_out", op.name, op.block)
+        elif op.kind is OpKind.EMBEDDING:
+            self.ops.append(replace(_vocab_rows(op, self.tp), inputs=inputs))
+            to_sequence = self.sp and not self.scatter_before_blocks
             kind = OpKind.REDUCE_SCATTER_TO_SEQUENCE if to_sequence else OpKind.REDUCE_FROM_REGION
-            out = collective(f"{op.name}.tp_out", kind, op.name, None)
+            out = self.collective(f"{op.name}.tp_out", kind, op.name, None)
             if to_sequence:
-                sharded.add(out)
-            rename[op.name] = out
-            continue
-        if op.tp is TpRole.HEADS:
-            op = op.with_fields(n_heads=model.n_heads // tp, n_kv_heads=model.kv_heads // tp)
-        elif op.kind is OpKind.CROSS_ENTROPY:
-            op = op.with_fields(**group)  # loss_parallel: all-reduces of per-row statistics
-        new = replace(op, inputs=inputs)
-        if op.tp is TpRole.SEQUENCE and any(name in sharded for name in inputs):
-            sharded.add(op.name)
-        ops.append(new)
-    holds: list[tuple[str, str]] = []
-    for tensor, until in desc.held_until:
-        if tensor not in regions:  # a MoE block's own locals die when its forward returns, before its exit
-            until = ends.get(until, until)
-        holds.append((tensor, until))
-        entry = entries.get(rename.get(tensor, tensor))
-        if entry is not None:  # the module's forward receives the entry's output: its frame holds that too
-            holds.append((entry, until))
-    return ModelDesc(ops=tuple(ops), held_until=tuple(holds))
+                self.sharded.add(out)
+            self.rename[op.name] = out
+        else:
+            if op.tp is TpRole.HEADS:
+                op = op.with_fields(n_heads=self.model.n_heads // self.tp, n_kv_heads=self.model.kv_heads // self.tp)
+            elif op.kind is OpKind.CROSS_ENTROPY:
+                op = op.with_fields(**self.group)  # loss_parallel: all-reduces of per-row statistics
+            if op.tp is TpRole.SEQUENCE and any(name in self.sharded for name in inputs):
+                self.sharded.add(op.name)
+            self.ops.append(replace(op, inputs=inputs))
+
+    def holds(self, desc: ModelDesc) -> tuple[tuple[str, str], ...]:
+        """The frames' holds, ending where a collective now ends a module's output."""
+        holds: list[tuple[str, str]] = []
+        for tensor, until in desc.held_until:
+            if tensor not in self.regions:  # a MoE block's own locals die when its forward returns, before its exit
+                until = self.ends.get(until, until)
+            holds.append((tensor, until))
+            entry = self.entries.get(self.rename.get(tensor, tensor))
+            if entry is not None:  # the module's forward receives the entry's output: its frame holds that too
+                holds.append((entry, until))
+        return tuple(holds)
 
 
 def describe_tensor_parallel(model: ModelConfig, dims: ParallelDims) -> str:
