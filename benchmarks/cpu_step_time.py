@@ -42,10 +42,10 @@ import sys
 
 import torch
 
-from planner.config import ModelConfig, TrainConfig
-from planner.estimate import cached_graph
-from planner.knobs import Knobs
+from planner.model.config import ModelConfig, TrainConfig
+from planner.plan.knobs import Knobs
 from planner.precision import precision_spec
+from planner.program.estimate import cached_graph
 from roofplan import api
 from validate.calibrate import calibrate
 from validate.report import TOLERANCES, Mode

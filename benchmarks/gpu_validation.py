@@ -30,10 +30,10 @@ from gpu_kernels import kernel_sections  # noqa: E402
 
 from hardware.dtypes import ComputePrecision  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
-from planner.config import ModelConfig  # noqa: E402
-from planner.estimate import cached_graph  # noqa: E402
-from planner.knobs import Knobs  # noqa: E402
+from planner.model.config import ModelConfig  # noqa: E402
+from planner.plan.knobs import Knobs  # noqa: E402
 from planner.precision import precision_spec  # noqa: E402
+from planner.program.estimate import cached_graph  # noqa: E402
 from roofplan import api  # noqa: E402
 from validate.calibrate import calibrate  # noqa: E402
 from validate.run import run  # noqa: E402

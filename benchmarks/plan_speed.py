@@ -43,9 +43,9 @@ def wall_times(command: list[str], repeats: int = 5) -> list[float]:
 def search_points_per_second() -> tuple[float, float]:
     """(search points priced per second, exact estimates per second) for llama2-7b on h200."""
     from hardware.registry import load_hardware
-    from planner.estimate import estimate
-    from planner.model_io import resolve
+    from planner.model.sources import resolve
     from planner.precision import PrecisionPolicy
+    from planner.program.estimate import estimate
     from search.candidates import evaluate
     from search.space import build_space
 
@@ -64,9 +64,9 @@ def search_points_per_second() -> tuple[float, float]:
 
 def estimates_per_second(seconds: float = 2.0) -> tuple[str, float]:
     from hardware.registry import load_hardware
-    from planner.estimate import estimate
-    from planner.knobs import Knobs
-    from planner.model_io import resolve
+    from planner.model.sources import resolve
+    from planner.plan.knobs import Knobs
+    from planner.program.estimate import estimate
 
     model, training = resolve("llama2-7b", seq_len=4096, global_batch_size=64)
     hw = load_hardware("h200")

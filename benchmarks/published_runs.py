@@ -56,7 +56,7 @@ checkpointing.
 Fitted (``benchmarks/published_fit.py``), on the fit half only: per GPU type, ``step_efficiency`` and the causal rate of the
 Triton attention kernel (its only published figures, the FlashAttention README's A100 bars, were
 taken with a different Triton compiler and read 35% below what these runs imply; no H100 figure is
-published; docs/kernel_benchmarks.md 2.7). Everything else is priced from kernel benchmarks. Uses only the public API (roofplan.api, planner.params,
+published; docs/kernel_benchmarks.md 2.7). Everything else is priced from kernel benchmarks. Uses only the public API (roofplan.api, planner.graph.params,
 hardware.registry); never imports torch.
 """
 
@@ -78,7 +78,7 @@ if str(REPO) not in sys.path:
 
 from hardware.profile import HardwareProfile  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
-from planner.params import count_params  # noqa: E402
+from planner.graph.params import count_params  # noqa: E402
 from roofplan import api  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "published"

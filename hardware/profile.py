@@ -73,6 +73,9 @@ class HardwareProfile(BaseModel):
     peak_flops_per_s: dict[ComputePrecision, PositiveFloat] = Field(
         description="dense (non-sparse) peak FLOP/s of a matmul at each precision the device runs"
     )
+    gpus_per_node: int = Field(
+        default=8, gt=0, description="devices that share the node's fast links (an HGX/DGX board's 8 GPUs on NVLink "
+        "switches); ranks of a group beyond it talk over the NICs. `plan --gpus-per-node N` sets it per run")
     intra_node_bandwidth_bytes_per_s: PositiveFloat = Field(
         description="per-GPU unidirectional bandwidth to its node peers (NVLink, xGMI, PCIe)"
     )
@@ -201,6 +204,14 @@ class HardwareProfile(BaseModel):
     def accelerator_intensity(self, precision: ComputePrecision) -> float:
         """Peak FLOP per byte of HBM traffic (lecture: H100 bf16 ~ 295)."""
         return self.peak_flops_per_s[precision] / self.hbm_bandwidth_bytes_per_s
+
+    def with_gpus_per_node(self, gpus_per_node: int | None) -> HardwareProfile:
+        """This device in nodes of ``gpus_per_node`` (None: as the profile says)."""
+        if gpus_per_node is None or gpus_per_node == self.gpus_per_node:
+            return self
+        if gpus_per_node <= 0:
+            raise ValueError(f"gpus_per_node: must be positive, got {gpus_per_node}")
+        return self.model_copy(update={"gpus_per_node": gpus_per_node})
 
     def round_alloc(self, n_bytes: int) -> int:
         """Bytes the caching allocator hands out for a request of ``n_bytes``."""

@@ -6,11 +6,11 @@ import math
 
 from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes
-from planner.layouts import MOST_SHARDING, NOT_MODELLED_NOTE
-from planner.memory import Category
-from planner.memory_types import Phase
-from planner.parallel_dims import layout_label
-from planner.results import PlanEntry
+from planner.memory.step import Category
+from planner.memory.types import Phase
+from planner.plan.layouts import MOST_SHARDING, NOT_MODELLED_NOTE
+from planner.plan.parallel_dims import layout_label
+from planner.program.results import PlanEntry
 
 
 def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, scale_out: str | None = None) -> str:

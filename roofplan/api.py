@@ -21,18 +21,18 @@ from hardware.profile import HardwareProfile
 from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes, parse_bytes
 from hardware.validation import describe_validation_error
-from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList, parse_save_list
-from planner.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.errors import ConfigError, InfeasibleError
-from planner.estimate import estimate
-from planner.knobs import GradSync, Knobs, parse_checkpoint_spec
-from planner.layouts import LayoutRequest, as_flags, check_fixed_request, checked_request, fixed_layout
-from planner.model_io import Workload, resolve
-from planner.parallel import ParallelConfig
-from planner.parallel_dims import layout_label
-from planner.params import count_params
+from planner.graph.params import count_params
+from planner.model.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
+from planner.model.sources import Workload, resolve
+from planner.parallel.collectives import ParallelConfig
+from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList, parse_save_list
+from planner.plan.knobs import GradSync, Knobs, parse_checkpoint_spec
+from planner.plan.layouts import LayoutRequest, as_flags, check_fixed_request, checked_request, fixed_layout
+from planner.plan.parallel_dims import layout_label
 from planner.precision import PrecisionPolicy
-from planner.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
+from planner.program.estimate import estimate
+from planner.program.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
 from roofplan.advice import infeasible_message
 from roofplan.results import Plan
 

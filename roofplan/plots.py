@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from hardware.units import format_bytes
 from planner.errors import ConfigError
-from planner.results import PlanResult
+from planner.program.results import PlanResult
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -64,7 +64,7 @@ def _axes(width: float) -> tuple[Figure, Axes]:
 
 def chart_title(result: PlanResult, what: str) -> str:
     """``model on 8 × h100-sxm, ZeRO-2 (FSDP2) × 8 GPUs: what``; a first line says when it does not fit."""
-    from planner.parallel_dims import layout_label
+    from planner.plan.parallel_dims import layout_label
 
     knobs, memory = result.best.knobs, result.best.estimate.memory
     where = result.hardware.name
@@ -105,8 +105,8 @@ def pareto_figure(result: PlanResult) -> Figure:
 def _trace(result: PlanResult) -> tuple[list[int], Any]:
     """The chosen plan's live bytes after every op of one steady-state step, and its static part."""
     from hardware.registry import load_hardware
-    from planner.estimate import check_knobs, rank_graph, static_for
-    from planner.memory import checkpoint_units, simulate_step
+    from planner.memory.step import checkpoint_units, simulate_step
+    from planner.program.estimate import check_knobs, rank_graph, static_for
 
     knobs, model, training = result.best.knobs, result.model.config, result.training
     hw = load_hardware(result.hardware)

@@ -9,20 +9,20 @@ from rich.table import Table
 from rich.text import Text
 
 from hardware.units import format_bytes, format_count
-from planner.checkpointing import CheckpointPolicy
-from planner.knobs import Knobs
-from planner.memory import Category
-from planner.optimizer import optimizer_spec
-from planner.parallel_dims import layout_label
+from planner.memory.step import Category
+from planner.parallel.context import describe_context_parallel, local_seq_len
+from planner.parallel.expert import describe_expert_parallel
+from planner.parallel.strategies import strategy_for
+from planner.parallel.tensor import describe_tensor_parallel, rank_parameters
+from planner.plan.checkpointing import CheckpointPolicy
+from planner.plan.knobs import Knobs
+from planner.plan.optimizer import optimizer_spec
+from planner.plan.parallel_dims import layout_label
 from planner.precision import precision_spec
-from planner.strategies import strategy_for
-from planner.strategies.context import describe_context_parallel, local_seq_len
-from planner.strategies.expert import describe_expert_parallel
-from planner.strategies.tensor import describe_tensor_parallel, rank_parameters
 from roofplan.time_sources import time_sources
 
 if TYPE_CHECKING:
-    from planner.results import PlanResult
+    from planner.program.results import PlanResult
 
 
 NOT_MODELLED = ("not modelled yet: pipeline parallelism, HSDP, CPU offload (modelled: data parallelism with DDP, "
@@ -133,8 +133,8 @@ def knobs_table(result: PlanResult) -> Table:
     table.add_row("optimizer", f"{t.optimizer.value} ({t.optimizer_impl.value})")
     model = result.model.config
     if model.implementation.value != "reference" or model.loss is not None:
-        from planner.config import effective_loss
-        from planner.implementations import implementation_spec
+        from planner.graph.implementations import implementation_spec
+        from planner.model.config import effective_loss
 
         table.add_row("implementation", f"{model.implementation.value} ({implementation_spec(model).library}), "
                                         f"{effective_loss(model).value} loss")
@@ -199,7 +199,7 @@ def _state_rows(result: PlanResult) -> list[_Row]:
 
 def _activation_rows(result: PlanResult) -> list[_Row]:
     """Rows for what one micro-batch saves for backward and the logits kept at the end of forward."""
-    from planner.config import LossKind, effective_loss
+    from planner.model.config import LossKind, effective_loss
 
     mem = result.best.estimate.memory
     k = result.best.knobs

@@ -1,6 +1,6 @@
 """What the API returns: the core result types, able to show themselves.
 
-``planner.results.PlanResult`` is plain data (the plan file, ``--json``); rendering lives up here
+``planner.program.results.PlanResult`` is plain data (the plan file, ``--json``); rendering lives up here
 in the app layer. The API returns this subclass, so ``rich.print(result)`` prints the report and
 a notebook shows it as HTML (``roofplan.validate_render.Validation`` does the same for a
 validation report).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING
 
-from planner.results import PlanResult
+from planner.program.results import PlanResult
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

@@ -14,7 +14,7 @@ from hardware.dtypes import ComputePrecision
 from hardware.kernels import AttentionKernel, Direction, MemoryClass, pick_curve
 from hardware.profile import MEMORY_CLASS_FIGURE, Figure, HardwareProfile
 from hardware.ramps import Collective
-from planner.config import AttentionImpl, ModelConfig
+from planner.model.config import AttentionImpl, ModelConfig
 
 NO_SOURCE = "no source recorded in the profile"
 _CALIBRATED = {Figure.COMPUTE_EFFICIENCY, Figure.GEMM_HALF_DIM, Figure.MEMORY_EFFICIENCY, Figure.KERNEL_LAUNCH}

@@ -60,7 +60,7 @@ def _import_api():  # noqa: ANN202
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from planner.results import PlanResult
+        from planner.program.results import PlanResult
 
         _check_arguments(args)
         plan = PlanResult.load(args.plan)

@@ -2,7 +2,7 @@
 
 Step time grows with every checkpointed block, so the fastest placement that fits is the one
 with the fewest checkpointed blocks whose peak fits; among placements with that count, the
-exact solver (``planner.placement``) picks the one with the lowest peak. When even
+exact solver (``planner.memory.placement``) picks the one with the lowest peak. When even
 checkpointing every block alone does not fit, segments of consecutive blocks checkpointed as one
 unit (Chen et al. 2016, "Training deep nets with sublinear memory cost": segments of about
 sqrt(L) blocks) keep fewer block inputs. The chosen knobs are priced again by the full memory
@@ -16,9 +16,14 @@ import math
 from dataclasses import dataclass
 
 from hardware.profile import HardwareProfile
-from planner.checkpointing import CheckpointPolicy, modelled_with_context_parallelism
-from planner.config import ModelConfig, TrainConfig
-from planner.estimate import (
+from planner.graph.layer_graph import LayerGraph
+from planner.memory.placement import NotDecomposableError, PlacementProfile, placement_profile
+from planner.memory.step import Phase, Timeline, checkpoint_units, recomputed_by_unit, simulate_step
+from planner.model.config import ModelConfig, TrainConfig
+from planner.parallel.strategies import strategy_for
+from planner.plan.checkpointing import CheckpointPolicy, modelled_with_context_parallelism
+from planner.plan.knobs import Knobs
+from planner.program.estimate import (
     check_knobs,
     device_bytes,
     estimate,
@@ -28,12 +33,7 @@ from planner.estimate import (
     static_for,
     with_communication,
 )
-from planner.graph import LayerGraph
-from planner.knobs import Knobs
-from planner.memory import Phase, Timeline, checkpoint_units, recomputed_by_unit, simulate_step
-from planner.placement import NotDecomposableError, PlacementProfile, placement_profile
-from planner.results import ParetoPoint
-from planner.strategies import strategy_for
+from planner.program.results import ParetoPoint
 from search.mixed import mixed_points
 
 BRUTE_FORCE_MAX_BLOCKS = 12

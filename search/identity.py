@@ -20,8 +20,8 @@ import optuna
 
 from hardware.profile import HardwareProfile
 from hardware.units import format_bytes
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
+from planner.model.config import ModelConfig, TrainConfig
 from search.space import SearchSpace
 
 Distributions = dict[str, optuna.distributions.BaseDistribution]

@@ -3,7 +3,7 @@
 Whole-block checkpointing frees the most memory per block and re-runs the most; per-op
 checkpointing keeps the matmul outputs, re-runs the cheap ops and frees less. Between "every block
 per op" (too big) and "k blocks whole" (slow) a plan with a blocks whole and b per op can fit and
-be faster than both. ``planner.placement_mixed`` gives, for every pair of counts (a, b), the
+be faster than both. ``planner.memory.placement_mixed`` gives, for every pair of counts (a, b), the
 placement with the lowest peak, exactly; a step's time is additive in what each checkpointed
 block re-runs under its policy, so each count pair has one step time. Only pairs that no other
 pair beats on both time and memory become plans.
@@ -15,14 +15,14 @@ import math
 from collections.abc import Sequence
 
 from hardware.profile import HardwareProfile
-from planner.checkpointing import CheckpointPolicy
-from planner.estimate import device_bytes, with_communication
-from planner.graph import LayerGraph
-from planner.knobs import Knobs
-from planner.placement import NotDecomposableError, PlacementProfile
-from planner.placement_mixed import MixedProfile
-from planner.results import ParetoPoint
-from planner.timing import TimeBreakdown
+from planner.graph.layer_graph import LayerGraph
+from planner.memory.placement import NotDecomposableError, PlacementProfile
+from planner.memory.placement_mixed import MixedProfile
+from planner.plan.checkpointing import CheckpointPolicy
+from planner.plan.knobs import Knobs
+from planner.program.estimate import device_bytes, with_communication
+from planner.program.results import ParetoPoint
+from planner.timing.op_times import TimeBreakdown
 
 
 def mixed_points(

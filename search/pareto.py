@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from planner.results import ParetoPoint
+from planner.program.results import ParetoPoint
 
 
 def non_dominated(points: Iterable[ParetoPoint]) -> list[ParetoPoint]:

@@ -8,11 +8,11 @@ the advice agrees with the smallest plan the message reports.
 from __future__ import annotations
 
 from hardware.profile import HardwareProfile
-from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.knobs import GradSync, Knobs
-from planner.layouts import MODELLED_STAGES, divisors, layout_at, scale_out_degrees
+from planner.model.config import ModelConfig, TrainConfig
+from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
+from planner.plan.knobs import GradSync, Knobs
+from planner.plan.layouts import MODELLED_STAGES, divisors, layout_at, scale_out_degrees
 from planner.precision import PrecisionPolicy
 from search.smallest import first_fitting
 from search.space import build_space
@@ -48,7 +48,7 @@ def fewest_gpus(
             (stage, tp, cp) for cp in contexts if cp > 1 for tp in degrees if not gpus % (tp * cp)
             for stage in MODELLED_STAGES]
         for stage, tp, cp in layouts:
-            dims = layout_at(gpus, True, stage, tp, cp)  # None: no such layout (planner.layouts)
+            dims = layout_at(gpus, True, stage, tp, cp)  # None: no such layout (planner.plan.layouts)
             if dims is None:
                 continue
             fsdp = dims.shards_parameters

@@ -4,7 +4,7 @@ When nothing fits, the user is told what the smallest plan needs. That figure mu
 which points a sampler happened to visit, so it is found directly, exactly, for every sampler:
 
 - at one (micro-batch, precision, ZeRO stage) point, the least peak over every checkpoint
-  placement is the minimum of the exact placement solver's curve (``planner.placement``: the
+  placement is the minimum of the exact placement solver's curve (``planner.memory.placement``: the
   lowest peak for each count of checkpointed blocks, verified against brute force) and, where
   segments are allowed, every uniform segmentation (``search.candidates.segment_plans``);
 - over the points, a branch and bound: each point's ``peak_lower_bound`` (what every placement
@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hardware.profile import HardwareProfile
-from planner.config import ModelConfig, TrainConfig
-from planner.estimate import device_bytes, estimate, peak_lower_bound
-from planner.knobs import Knobs
+from planner.model.config import ModelConfig, TrainConfig
+from planner.plan.knobs import Knobs
+from planner.program.estimate import device_bytes, estimate, peak_lower_bound
 from search.candidates import least_memory_at
 from search.space import SearchSpace
 

@@ -17,11 +17,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from hardware.profile import HardwareProfile
-from planner.checkpointing import CONTEXT_PARALLEL_REFUSAL, TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
-from planner.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
-from planner.knobs import GradSync, Knobs
-from planner.layouts import (
+from planner.model.config import AttentionImpl, ModelConfig, TrainConfig
+from planner.parallel.strategies import strategy_for
+from planner.plan.checkpointing import CONTEXT_PARALLEL_REFUSAL, TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
+from planner.plan.knobs import GradSync, Knobs
+from planner.plan.layouts import (
     MIN_CONTEXT_SHARD_TOKENS,
     MODELLED_STAGES,
     SEARCHED,
@@ -34,9 +35,8 @@ from planner.layouts import (
     layout_refusal,
     no_layout_refusal,
 )
-from planner.parallel_dims import ParallelDims
+from planner.plan.parallel_dims import ParallelDims
 from planner.precision import PrecisionPolicy, precision_spec
-from planner.strategies import strategy_for
 
 # The default policy (README "Search"): by default only a policy that trains like the fp32
 # baseline (fp32 master weights and optimizer state, low-precision matmuls under autocast), so
@@ -48,7 +48,7 @@ FALLBACK_PRECISIONS = (PrecisionPolicy.FP16_MIXED, PrecisionPolicy.FP32)
 
 MICRO_BATCH = "micro_batch_size"
 PRECISION = "precision"
-ZERO_STAGE, TP, CP, EP = SEARCHED  # the layout's dimensions: planner.layouts' names
+ZERO_STAGE, TP, CP, EP = SEARCHED  # the layout's dimensions: planner.plan.layouts' names
 Choice = int | str | bool
 Point = dict[str, Choice]
 
@@ -65,12 +65,12 @@ class SearchSpace(BaseModel):
     gpus_per_node: int = 8
     fixed_checkpoint: tuple[int, ...] | None = None
     allow_segments: bool = True
-    # checkpoint policies tried at every point (solved, not sampled: planner.checkpointing), the
+    # checkpoint policies tried at every point (solved, not sampled: planner.plan.checkpointing), the
     # per-op policy keeping ``save_list``
     checkpoint_policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,)
     save_list: SaveList = TORCHTITAN_SAVE_LIST
     # the (tp, cp) pairs PyTorch runs here and that leave whole sequences to every data-parallel
-    # rank (``planner.layouts.layout_degrees``): the tp and cp dimensions' choices combine only as these
+    # rank (``planner.plan.layouts.layout_degrees``): the tp and cp dimensions' choices combine only as these
     layouts: tuple[tuple[int, int], ...] = ((1, 1),)
 
     # --- the dimensions -------------------------------------------------------------------
@@ -117,7 +117,7 @@ class SearchSpace(BaseModel):
 
     # --- which points are plans -----------------------------------------------------------
     def degrees(self, point: Mapping[str, Any]) -> dict[str, int]:
-        """A point's layout degrees by ``planner.layouts.SEARCHED``'s names (the ZeRO stage is
+        """A point's layout degrees by ``planner.plan.layouts.SEARCHED``'s names (the ZeRO stage is
         always a dimension; a degree that is not is 1)."""
         return {name: int(point[name] if name == ZERO_STAGE else point.get(name, 1)) for name in SEARCHED}
 
@@ -129,7 +129,7 @@ class SearchSpace(BaseModel):
 
     def allows(self, point: Mapping[str, Any]) -> bool:
         """Whether a point is a plan: its (tp, cp) pair is one of ``layouts``, its layout exists
-        (``planner.layouts.layout_at``), its precision runs under its strategy and its micro-batch
+        (``planner.plan.layouts.layout_at``), its precision runs under its strategy and its micro-batch
         divides each data-parallel rank's sequences."""
         degrees = self.degrees(point)
         if (degrees[TP], degrees[CP]) not in self.layouts:

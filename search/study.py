@@ -31,10 +31,10 @@ import optuna
 from pydantic import BaseModel, ConfigDict, Field
 
 from hardware.profile import HardwareProfile
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.knobs import Knobs
-from planner.results import ParetoPoint, PlanEntry, SearchStats
+from planner.model.config import ModelConfig, TrainConfig
+from planner.plan.knobs import Knobs
+from planner.program.results import ParetoPoint, PlanEntry, SearchStats
 from search.candidates import Evaluation, evaluate
 from search.identity import TRIAL_TAG, complete_trials, join, same_space, study_identity
 from search.pareto import non_dominated
@@ -283,7 +283,7 @@ def _read_outcome(
 ) -> SearchOutcome:
     """The answer read back from the study (every worker's trials): the fastest distinct plans that
     fit, priced again in full, their Pareto front, and when nothing fits the smallest plan."""
-    from planner.estimate import estimate
+    from planner.program.estimate import estimate
 
     trials = complete_trials(study, tag)
     feasible = sorted((t for t in trials if _a_plan_that_fits(t)), key=lambda t: (t.value, t.number))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hardware.errors import PlannerError
-from planner.results import PlanResult
+from planner.program.results import PlanResult
 from roofplan import api
 from roofplan.cli import main as plan_main
 
@@ -110,7 +110,7 @@ def test_api_errors_are_planner_errors(call) -> None:  # noqa: ANN001
 
 
 def test_importing_the_api_imports_no_torch() -> None:
-    code = ("import sys; from roofplan import api; import planner.results, roofplan.cli, search.study, validate.report; "
+    code = ("import sys; from roofplan import api; import planner.program.results, roofplan.cli, search.study, validate.report; "
             "r = api.plan(*api.load_model('tiny-llama')); "
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT)

@@ -186,18 +186,18 @@ def test_the_file_import_graph_has_no_cycles() -> None:
 @pytest.mark.parametrize(
     ("rel", "source", "expected"),
     [
-        ("hardware/x.py", "from planner.config import ModelConfig\n", "hardware imports only hardware"),
-        ("planner/graph.py", "import validate.simulate\n", "planner imports only hardware, planner"),
+        ("hardware/x.py", "from planner.model.config import ModelConfig\n", "hardware imports only hardware"),
+        ("planner/graph/layer_graph.py", "import validate.simulate\n", "planner imports only hardware, planner"),
         ("planner/ops/x.py", "from ..graph import build_graph\nfrom . import base\n", None),
-        ("planner/graph.py", "def f():\n    import search\n", "planner imports only"),
-        ("planner/graph.py", "from roofplan.render import report\n", "planner imports only"),
+        ("planner/graph/layer_graph.py", "def f():\n    import search\n", "planner imports only"),
+        ("planner/graph/layer_graph.py", "from roofplan.render import report\n", "planner imports only"),
         ("search/study.py", "def f():\n    from validate.simulate import simulate_step\n", "search imports only"),
         ("validate/run.py", "from roofplan.api import plan\n", "validate imports only"),
         ("roofplan/api.py", "def f():\n    from validate.simulate import simulate_step\n", None),
         ("roofplan/api.py", "from search.study import run_search\n", None),
         ("planner/x.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import search\n", "planner imports only"),
         ("planner/x.py", "if TYPE_CHECKING:\n    pass\nelse:\n    import search\n", "planner imports only"),
-        ("planner/estimate.py", "def f():\n    import torch\n", "only validate imports torch"),
+        ("planner/program/estimate.py", "def f():\n    import torch\n", "only validate imports torch"),
         ("roofplan/render.py", "import torch.nn as nn\n", "only validate imports torch"),
         ("hardware/x.py", "from einops import rearrange\n", "only validate imports torch"),
         ("validate/x.py", "import optuna\n", "only search imports optuna"),
@@ -245,7 +245,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_commands_import_neither_torch_nor_optuna() -> None:
     result = _python(
-        "import roofplan.cli, roofplan.api, planner.estimate, roofplan.render, roofplan.hardware_cli; import sys; "
+        "import roofplan.cli, roofplan.api, planner.program.estimate, roofplan.render, roofplan.hardware_cli; import sys; "
         "heavy = sorted(m for m in ('torch', 'optuna', 'einops', 'search', 'validate') if m in sys.modules); "
         "assert not heavy, heavy"
     )

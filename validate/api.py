@@ -9,8 +9,8 @@ import torch
 
 from hardware.errors import ConfigError
 from hardware.registry import load_hardware
-from planner.config import Implementation, LossKind, effective_loss
-from planner.results import PlanResult
+from planner.model.config import Implementation, LossKind, effective_loss
+from planner.program.results import PlanResult
 from validate.report import ValidationReport
 from validate.run import run, simulate
 from validate.simulate import Progress

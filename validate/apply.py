@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from planner.config import OptimizerImpl, OptimizerKind, TrainConfig
-from planner.knobs import GradSync, Knobs
-from planner.parallel_dims import Sharding
+from planner.model.config import OptimizerImpl, OptimizerKind, TrainConfig
+from planner.plan.knobs import GradSync, Knobs
+from planner.plan.parallel_dims import Sharding
 from planner.precision import PrecisionSpec
 from validate.checkpoint import apply_checkpointing
 from validate.parallelize import loss_context

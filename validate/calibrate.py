@@ -26,7 +26,7 @@ import torch
 from hardware.dtypes import ComputePrecision
 from hardware.profile import DeviceKind, HardwareProfile
 from hardware.registry import bundled_names, load_hardware
-from planner.graph import LayerGraph
+from planner.graph.layer_graph import LayerGraph
 from planner.ops.base import OpKind
 from validate.kernel_curves import attention_curves, fit_gemm_half_dim, gemm_rates
 

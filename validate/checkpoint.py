@@ -1,5 +1,5 @@
 """A plan's checkpoint policy applied to the reference model, as PyTorch runs it
-(``planner.checkpointing`` says what each policy keeps and recomputes).
+(``planner.plan.checkpointing`` says what each policy keeps and recomputes).
 
 - ``full``: ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` on each planned block
   (and segment);
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from planner.checkpointing import CheckpointPolicy, SavedOp, SaveList
-from planner.knobs import Knobs
+from planner.plan.checkpointing import CheckpointPolicy, SavedOp, SaveList
+from planner.plan.knobs import Knobs
 from validate.reference_model import AttentionCore, Transformer
 
 _ATEN = torch.ops.aten

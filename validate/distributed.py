@@ -14,7 +14,7 @@ runs for real on rank 0 of a fake process group (``init_process_group("fake")``:
 collective is a no-op on the buffers NCCL would use, every allocation happens). DDP cannot run
 under fake tensors (its reducer reads data), so stages 0/1 are emulated: the gradients are
 allocated up front as DDP's buckets are and zeroed in place, and with ZeRO-1 the optimizer holds
-only that rank's partition (``planner.parallel.zero1_partition``).
+only that rank's partition (``planner.parallel.collectives.zero1_partition``).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hardware.errors import ConfigError, PlannerError
 from hardware.profile import HardwareProfile
-from planner.estimate import cached_graph, compute_spec, estimate
-from planner.parallel import zero1_partition
-from planner.parallel_dims import ParallelDims, Sharding, layout_label
+from planner.parallel.collectives import zero1_partition
+from planner.plan.parallel_dims import ParallelDims, Sharding, layout_label
 from planner.precision import precision_spec
-from planner.results import PlanResult
+from planner.program.estimate import cached_graph, compute_spec, estimate
+from planner.program.results import PlanResult
 from validate.apply import (
     _optimizer_args,
     configure_model,

@@ -1,6 +1,6 @@
 """``validate --implementation hf``: run transformers' own model for a plan, not the reference.
 
-The plan is priced again with ``implementation: hf`` (planner.implementations) and transformers'
+The plan is priced again with ``implementation: hf`` (planner.graph.implementations) and transformers'
 causal LM for the plan's model (``validate.implementations.hf_model``) runs the plan's
 steady-state step: the precision policy (parameter dtype, autocast, GradScaler), the optimizer
 and its implementation, ``grad_accum_steps`` micro-batches each ``model(input_ids=...,
@@ -24,11 +24,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hardware.errors import ConfigError
 from hardware.profile import HardwareProfile
-from planner.config import AttentionImpl, Implementation, LossKind, ModelConfig, TrainConfig, effective_loss
-from planner.estimate import Estimate, cached_graph, estimate
-from planner.knobs import Knobs
+from planner.model.config import AttentionImpl, Implementation, LossKind, ModelConfig, TrainConfig, effective_loss
+from planner.plan.knobs import Knobs
 from planner.precision import PrecisionSpec, precision_spec
-from planner.results import PlanResult
+from planner.program.estimate import Estimate, cached_graph, estimate
+from planner.program.results import PlanResult
 from validate.apply import make_optimizer, make_scaler, optimizer_state, param_dtype, precision_context
 from validate.flops import flop_counter
 from validate.implementations import HF_VERSION, as_a_gpu_runs_it, hf_model
@@ -173,7 +173,7 @@ def validate_hf(plan: PlanResult, mode: Mode, device: str | None = None, steps: 
     est = estimate(model, training, hw, knobs, plan.hbm_cap_bytes)
     n_params = est.n_params
     notes: tuple[str, ...] = (f"implementation hf: transformers {HF_VERSION}'s {model.family.value} model ran the plan, "
-                              "priced for it (planner.implementations)",)
+                              "priced for it (planner.graph.implementations)",)
     if mode is Mode.SIMULATE:
         step, extra = simulate_hf(model, training, knobs, n_params, every, progress)
         measured = Figures(peak_allocated_bytes=step.peak_allocated_bytes, model_flops_per_step=step.flops_per_step)

@@ -31,9 +31,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from hardware.errors import ConfigError
-from planner.config import AttentionImpl, Family, MlpKind, ModelConfig, NormKind, PositionKind, effective_activation
+from planner.model.config import (
+    AttentionImpl,
+    Family,
+    MlpKind,
+    ModelConfig,
+    NormKind,
+    PositionKind,
+    effective_activation,
+)
 
-HF_VERSION = "5.24.0"  # the transformers whose sources planner.implementations describes
+HF_VERSION = "5.24.0"  # the transformers whose sources planner.graph.implementations describes
 
 
 _FP32_OPS = ((torch, "pow"), (torch.Tensor, "pow"), (torch, "rsqrt"), (torch.Tensor, "rsqrt"), (F, "layer_norm"))

@@ -12,8 +12,8 @@ from typing import Any
 
 from torch import nn
 
-from planner.knobs import Knobs
-from planner.parallel_dims import ParallelDims
+from planner.plan.knobs import Knobs
+from planner.plan.parallel_dims import ParallelDims
 from planner.precision import PrecisionSpec
 from validate.apply import shard_model
 from validate.moe_model import MoE

@@ -6,7 +6,7 @@ token t goes to expert ``(t k + j) mod E``, so every expert receives exactly C =
 the experts' outputs, so it trains and its gradients flow as in a learned top-k router; only
 the argmax is replaced (as a load-balanced router at equilibrium routes).
 
-The block runs, in order (the planner's graph, ``planner.blocks``, names each op the same):
+The block runs, in order (the planner's graph, ``planner.graph.blocks``, names each op the same):
 ``slots`` (which token each of the E C expert rows holds), ``dispatch`` (index_select the tokens
 into an (E C, D) buffer), the experts as three batched matmuls over (E, C, .) with SwiGLU between
 (``torch.bmm``: the grouped GEMM with equal groups), the ``router`` linear, ``route`` (fp32
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import ConfigError
-from planner.moe_config import ExpertActivation, MoeConfig, RouterScoring
+from planner.model.moe_config import ExpertActivation, MoeConfig, RouterScoring
 
 
 class Fp32RMSNorm(nn.Module):

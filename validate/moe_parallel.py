@@ -1,5 +1,5 @@
 """Tensor parallelism of the reference MoE block (``validate.moe_model.MoE``), as
-``planner.strategies.tensor_moe`` prices it: torchtitan's ``apply_moe_ep_tp`` on our module names.
+``planner.parallel.tensor_moe`` prices it: torchtitan's ``apply_moe_ep_tp`` on our module names.
 
 - ``mlp``: ``PrepareModuleInputOutput``: the input all-gathered from Shard(1) (sequence
   parallelism) or taken as it is (Replicate), handed to ``MoE.forward`` as a Replicate DTensor

@@ -1,5 +1,5 @@
 """Tensor (and sequence) parallelism applied to the reference model with PyTorch's
-``parallelize_module``, as ``planner.strategies.tensor`` prices it (torchtitan's Llama plan on
+``parallelize_module``, as ``planner.parallel.tensor`` prices it (torchtitan's Llama plan on
 our module names; the table is in that module's docstring).
 
 The loss runs under ``loss_parallel()`` (``train_step`` enters it): the LM head keeps its
@@ -26,8 +26,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from planner.config import MlpKind, PositionKind
-from planner.knobs import Knobs
+from planner.model.config import MlpKind, PositionKind
+from planner.plan.knobs import Knobs
 from validate.moe_model import MoE
 from validate.moe_parallel import bind_tensor_parallel_group, moe_tensor_parallel_plan
 from validate.reference_model import Transformer

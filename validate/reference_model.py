@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
-from planner.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind, QkNorm
+from planner.model.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind, QkNorm
 from validate.mla_model import MlaAttention
 from validate.moe_model import Fp32RMSNorm, MoE
 

@@ -22,9 +22,9 @@ import torch
 
 from hardware.errors import ConfigError
 from hardware.profile import HardwareProfile
-from planner.estimate import Estimate, cached_graph, estimate
 from planner.precision import precision_spec
-from planner.results import PlanResult
+from planner.program.estimate import Estimate, cached_graph, estimate
+from planner.program.results import PlanResult
 from validate.apply import configure_model, make_optimizer, make_scaler, optimizer_state, param_dtype, train_step
 from validate.flops import flop_counter
 from validate.reference_model import build_model

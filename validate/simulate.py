@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from planner.config import AttentionImpl, ModelConfig, TrainConfig
-from planner.knobs import Knobs
+from planner.model.config import AttentionImpl, ModelConfig, TrainConfig
+from planner.plan.knobs import Knobs
 from planner.precision import precision_spec
 from validate.apply import configure_model, make_optimizer, make_scaler, param_dtype, train_step
 from validate.flops import flop_counter

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware.collectives import Collective
 from hardware.dtypes import DType
 from hardware.kernels import AttentionKernel, AttentionShape, GemmShape
-from planner.moe_config import MoeConfig
+from planner.model.moe_config import MoeConfig
 from planner.precision import PrecisionSpec
 
 
@@ -51,7 +51,7 @@ class OpKind(StrEnum):
     MOE_COMBINE = "moe_combine"  # each row times its weight, index_add into its token
     CLAMPED_SWIGLU = "clamped_swiglu"  # gpt-oss's expert activation over interleaved (gate, up) columns
     GATE_SCALE = "gate_scale"  # x * sigmoid(g) with g one value per token (Qwen2-MoE's shared expert gate)
-    # expert parallelism (planner.strategies.expert)
+    # expert parallelism (planner.parallel.expert)
     ALL_TO_ALL = "all_to_all"  # expert rows exchanged with the expert-parallel group
     PERMUTE_ROWS = "permute_rows"  # received rows regrouped by expert (or back by source rank): a copy
     # multi-head latent attention (planner.ops.mla)
@@ -60,7 +60,7 @@ class OpKind(StrEnum):
 
 
 class OpVariant(StrEnum):
-    """How an implementation runs an op the reference model also runs (``planner.implementations``);
+    """How an implementation runs an op the reference model also runs (``planner.graph.implementations``);
     a variant has its own formula (``planner.ops.registry.register_variant``)."""
 
     REFERENCE = "reference"  # as validate/reference_model.py runs it
@@ -80,7 +80,7 @@ class OpVariant(StrEnum):
     # losses that take the final norm's output and own the LM head: the logits never exist whole
     CHUNKED_LOSS = "chunked_loss"  # torchtitan's ChunkedLossWrapper: lm_head + cross-entropy + backward per chunk
     FUSED_LINEAR_LOSS = "fused_linear_loss"  # Liger's fused linear cross-entropy: no logits kept
-    # a tensor-parallel mixture-of-experts block (planner.strategies.tensor_moe) runs on local views
+    # a tensor-parallel mixture-of-experts block (planner.parallel.tensor_moe) runs on local views
     LOCAL_WEIGHT = "local_weight"  # weight used as its DTensor's to_local() view: autocast does not cache its cast
     REPLICATED_WEIGHT = "replicated_weight"  # the same, whole on every rank; its partial gradient all-reduced
 

@@ -38,7 +38,7 @@ def chunked_loss_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     ``CrossEntropyLoss`` (sum over tokens / global valid tokens), N chunks (``spec.chunks``):
 
     - ``h`` is split along the sequence and each chunk made ``.contiguous()`` (a copy for
-      B > 1: B T D dh bytes in all; views for B = 1), detached as a leaf; the labels and the
+      B > 1: B T D dh bytes in all; views for B = 1 or one chunk), detached as a leaf; the labels and the
       positions (``loss_inputs``) likewise;
     - ``GradAccumulator`` allocates ``zeros_like(h, float32)`` (4 B T D);
     - per chunk: ``logits = lm_head(chunk)`` (Rc V in the matmul dtype; the local keeps the
@@ -53,7 +53,8 @@ def chunked_loss_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     The weight gradient is allocated by the first chunk; the walk allocates it at this op's
     backward, so it is counted in the forward's transient (exact without accumulation; with
     accumulation the later micro-batches already hold it and this reads one gradient over).
-    Under autocast the LM head's weight cast is cached for the forward (an autocast copy).
+    Under autocast the LM head's weight cast is cached for the forward (an autocast copy), and
+    so is each chunk's cast (a detached leaf that requires grad): all N are held at the last.
     """
     h = ctx.inputs[0]
     b, t = ctx.batch, ctx.seq_len
@@ -65,12 +66,13 @@ def chunked_loss_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     dm = (low or h.dtype).n_bytes
     logits, fp32_rows = rows * v * dm, rows * v * 4
     seq = AllocSequence()
-    if b > 1:  # contiguous chunks of h, the labels and the positions (chunked for the inner loss)
+    if b > 1 and n > 1:  # contiguous chunks of h, the labels and the positions (one chunk: views)
         seq.alloc(h.n_bytes).alloc(ctx.tokens * 8).alloc(ctx.tokens * 8)
     seq.alloc(4 * h.numel).alloc(512)  # the fp32 gradient buffer, total_loss
     for chunk in range(min(n, 2)):  # the second chunk repeats for every later one
-        if low is not None:
-            seq.alloc(rows * d * low.n_bytes)  # autocast's copy of the chunk, saved by the matmul
+        if low is not None:  # autocast's copy of the chunk, saved by the matmul; the chunk is a leaf that
+            # requires grad, so autocast caches the copy until it exits: the last chunk finds all n held
+            seq.alloc(rows * d * low.n_bytes * (n - 1 if chunk else 1))
         seq.alloc(logits)
         if chunk:
             seq.free(logits)  # the previous chunk's logits: the local is rebound
@@ -84,7 +86,7 @@ def chunked_loss_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
             seq.alloc(rows * v * dm).free(fp32_rows)  # cast back to the matmul dtype
         seq.alloc(rows * d * dm).alloc(v * d * dm).free(rows * v * dm)  # input and weight gradients
         if low is not None:
-            seq.alloc(rows * d * 4).free(rows * d * dm).free(rows * d * low.n_bytes)  # input grad to fp32
+            seq.alloc(rows * d * 4).free(rows * d * dm)  # input grad to fp32
             seq.alloc(v * d * 4).free(v * d * dm)  # weight grad to fp32
         if chunk:  # added into .grad in place; the first chunk's becomes the .grad (grad-sized)
             seq.free(v * d * (4 if low is not None else dm))
@@ -125,8 +127,10 @@ def fused_linear_loss_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     saved and returned in the backward (h's gradient and, stolen by AccumulateGrad, the .grad).
     On CUDA: bf16 with bf16 weights writes into one reused (Rc, V) buffer with ``mm(out=)`` and
     accumulates ``addmm(out=grad_weight)``; fp32 does too but adds ``mm(grad^T, h_rows)``
-    (V D fp32) into the fp32 accumulator; under autocast the matmuls cast W to bf16 each time
-    (``weight.t()`` is no leaf, so autocast does not cache it) and the chunk to bf16."""
+    (V D fp32) into the fp32 accumulator; under autocast ``h_rows @ W.t()`` casts W and the
+    chunk to bf16 each time (``weight.t()`` is a view, so autocast does not cache it), while
+    ``grad @ W`` casts the parameter itself, a leaf that autocast caches until it exits: from the
+    first chunk on one bf16 W is held (beside the next chunk's uncached cast)."""
     h = ctx.inputs[0]
     d, v = spec.in_features, spec.out_features
     tokens = ctx.tokens
@@ -142,8 +146,11 @@ def fused_linear_loss_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     else:
         lo = low.n_bytes
         seq.alloc(rows * d * lo).alloc(v * d * lo).alloc(rows * v * lo).free(v * d * lo).free(rows * d * lo)
-        seq.alloc(v * d * lo).alloc(rows * d * lo).free(v * d * lo).free(rows * d * lo)  # grad @ W
+        seq.alloc(v * d * lo).alloc(rows * d * lo).free(rows * d * lo)  # grad @ W: W's cast cached
         seq.alloc(rows * d * lo).free(rows * d * lo).free(rows * v * lo)  # h_rows to bf16, addmm
+        if tokens > rows:  # the next chunk's h_rows @ W.t() beside the cached W
+            later = min(rows, tokens - rows)
+            seq.alloc(later * d * lo).alloc(v * d * lo).alloc(later * v * lo)
     return LayerCost(
         output=TensorInfo(numel=1, dtype=DType.FP32),
         fwd_transient_bytes=seq.peak,

@@ -1,7 +1,7 @@
 """How other implementations run the ops the reference model also runs (``OpVariant``).
 
 Each formula is transcribed from the library's source at a named version (the module docstring
-of ``planner.implementations`` lists them) and checked against the live-storage tracker over the
+of ``planner.graph.implementations`` lists them) and checked against the live-storage tracker over the
 real library code (tests/planner/test_implementations.py, tests/validate/test_hf_implementation.py).
 Notation as in ``planner.ops.base``: B micro-batch, T seq_len, D d_model, F d_ff, N heads,
 K kv heads, H head dim; ``e`` is an input's element count, ``R = B*T`` its rows.

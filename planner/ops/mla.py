@@ -1,4 +1,4 @@
-"""Multi-head latent attention's own ops (``planner.blocks.mla_attention_ops``, as
+"""Multi-head latent attention's own ops (``planner.graph.blocks.mla_attention_ops``, as
 ``validate.mla_model.MlaAttention`` runs them; transformers 5.24.0's ``DeepseekV3Attention``).
 
 Notation: N heads, n = qk_nope_head_dim, r = qk_rope_head_dim, q = n + r, v = v_head_dim, and

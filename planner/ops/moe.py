@@ -10,7 +10,7 @@ and elementwise products); their time is the bytes they move.
 from __future__ import annotations
 
 from hardware.dtypes import DType
-from planner.moe_config import MoeConfig, RouterScoring
+from planner.model.moe_config import MoeConfig, RouterScoring
 from planner.ops.base import AllocSequence, LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
 from planner.ops.registry import register
 

@@ -11,9 +11,9 @@ from hardware.dtypes import ComputePrecision
 from hardware.kernels import AttentionCurve, AttentionKernel, AttentionShape, Direction, GemmShape, gemm_shape_factor
 from hardware.registry import load_hardware
 from hardware.roofline import op_time
-from planner.config import ModelConfig
+from planner.model.config import ModelConfig
 from planner.ops.base import LayerCost, TensorInfo
-from planner.timing import kernel_rate
+from planner.timing.op_times import kernel_rate
 
 H100, A100 = load_hardware("h100-sxm"), load_hardware("a100-sxm-80gb")
 
@@ -111,7 +111,7 @@ def test_long_context_attention_is_slower_per_flop_than_the_gemms() -> None:
 
 
 def test_a_model_file_can_name_the_kernel() -> None:
-    from planner.graph import build_graph
+    from planner.graph.layer_graph import build_graph
     from planner.precision import precision_spec
 
     model = ModelConfig(family="llama", n_layers=1, d_model=256, n_heads=2, d_ff=512, vocab_size=100,
@@ -158,7 +158,7 @@ def test_memory_bound_kernels_run_at_their_class_share_of_bandwidth() -> None:
 def test_norm_ops_are_priced_as_norms() -> None:
     from hardware.kernels import MemoryClass
     from planner.ops.base import OpKind
-    from planner.timing import MEMORY_CLASS
+    from planner.timing.op_times import MEMORY_CLASS
 
     assert MEMORY_CLASS[OpKind.RMSNORM] is MemoryClass.NORM and MEMORY_CLASS[OpKind.LAYERNORM] is MemoryClass.NORM
     assert MEMORY_CLASS[OpKind.RESIDUAL_ADD] is MemoryClass.ELEMENTWISE

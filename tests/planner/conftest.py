@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.results import PlanResult
+from planner.program.results import PlanResult
 from roofplan import api
 
 

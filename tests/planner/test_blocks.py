@@ -1,4 +1,4 @@
-"""The one model description (planner.blocks) against the reference model PyTorch runs: the
+"""The one model description (planner.graph.blocks) against the reference model PyTorch runs: the
 same parameters in the same registration order (ZeroRedundancyOptimizer and FSDP2 partition by
 that order), modules named as the graph's nodes, and the graph built from the description."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.blocks import describe
-from planner.config import AttentionImpl, ModelConfig
-from planner.description import TpRole
-from planner.graph import build_graph
-from planner.model_io import load_preset
-from planner.params import param_tensors
+from planner.graph.blocks import describe
+from planner.graph.description import TpRole
+from planner.graph.layer_graph import build_graph
+from planner.graph.params import param_tensors
+from planner.model.config import AttentionImpl, ModelConfig
+from planner.model.sources import load_preset
 from planner.precision import PrecisionPolicy, precision_spec
 from validate.reference_model import build_model
 

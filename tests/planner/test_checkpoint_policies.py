@@ -11,14 +11,21 @@ import itertools
 import pytest
 
 from hardware.registry import load_hardware
-from planner.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SavedOp, SaveList, op_units, parse_save_list
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.estimate import estimate, rank_graph, static_for
-from planner.knobs import Knobs
-from planner.memory import checkpoint_units, simulate_step
-from planner.placement import placement_profile
+from planner.memory.placement import placement_profile
+from planner.memory.step import checkpoint_units, simulate_step
+from planner.model.config import ModelConfig, TrainConfig
+from planner.plan.checkpointing import (
+    TORCHTITAN_SAVE_LIST,
+    CheckpointPolicy,
+    SavedOp,
+    SaveList,
+    op_units,
+    parse_save_list,
+)
+from planner.plan.knobs import Knobs
 from planner.precision import precision_spec
+from planner.program.estimate import estimate, rank_graph, static_for
 
 HW = load_hardware("h100-sxm")
 LLAMA = ModelConfig(family="llama", n_layers=4, d_model=256, n_heads=4, n_kv_heads=2, d_ff=704, vocab_size=2048,

@@ -14,12 +14,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.estimate import estimate
-from planner.knobs import Knobs
+from planner.model.config import ModelConfig, TrainConfig
 from planner.ops.attention import _ring_peaks
-from planner.parallel_dims import ParallelDims
+from planner.plan.knobs import Knobs
+from planner.plan.parallel_dims import ParallelDims
+from planner.program.estimate import estimate
 from validate.context import micro_batch_context, ring_attention_on_cpu
 from validate.distributed import simulate_rank
 from validate.tracker import LiveStorageTracker

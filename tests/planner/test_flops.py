@@ -17,10 +17,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hardware.registry import load_hardware  # noqa: E402
-from planner.config import ModelConfig, TrainConfig  # noqa: E402
-from planner.estimate import estimate  # noqa: E402
-from planner.knobs import Knobs  # noqa: E402
-from planner.model_io import model_from_hf_config, resolve  # noqa: E402
+from planner.model.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.model.sources import model_from_hf_config, resolve  # noqa: E402
+from planner.plan.knobs import Knobs  # noqa: E402
+from planner.program.estimate import estimate  # noqa: E402
 from validate.flops import flop_counter  # noqa: E402
 from validate.simulate import simulate_step  # noqa: E402
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.estimate import cached_graph, compute_spec, estimate, layout_for, static_for
-from planner.fsdp import FsdpLayout, fsdp_bytes_moved, fsdp_collectives
-from planner.knobs import GradSync, Knobs
-from planner.parallel import ParallelConfig, model_state_bytes
-from planner.parallel_dims import ParallelDims
-from planner.schedule import accumulation
-from planner.step_time import Communication, communication, rank_timeline
-from planner.strategies import strategy_for
+from planner.model.config import ModelConfig, TrainConfig
+from planner.parallel.collectives import ParallelConfig, model_state_bytes
+from planner.parallel.fsdp_units import FsdpLayout, fsdp_bytes_moved, fsdp_collectives
+from planner.parallel.strategies import strategy_for
+from planner.plan.knobs import GradSync, Knobs
+from planner.plan.parallel_dims import ParallelDims
+from planner.plan.schedule import accumulation
+from planner.program.estimate import cached_graph, compute_spec, estimate, layout_for, static_for
+from planner.timing.step_time import Communication, communication, rank_timeline
 from roofplan import api
 
 HW = load_hardware("h100-sxm")

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import AttentionImpl, Family, LayerType, ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.estimate import estimate
-from planner.hf_config import model_from_hf_config
-from planner.knobs import Knobs
-from planner.model_io import load_preset
-from planner.moe_config import ExpertActivation, MoeConfig, RouterScoring
-from planner.params import param_tensors
+from planner.graph.params import param_tensors
+from planner.model.config import AttentionImpl, Family, LayerType, ModelConfig, TrainConfig
+from planner.model.moe_config import ExpertActivation, MoeConfig, RouterScoring
+from planner.model.readers.dense import model_from_hf_config
+from planner.model.sources import load_preset
+from planner.plan.knobs import Knobs
+from planner.program.estimate import estimate
 
 HW = load_hardware("h100-sxm")
 MOE = dict(n_experts=4, top_k=2, d_ff_expert=48, expert_bias=True, router_bias=True, norm_topk_prob=False,
@@ -54,7 +54,7 @@ def test_the_description_is_the_reference_model() -> None:
     """Parameters in registration order (the sinks, the experts' biases, the router's), every
     parametrized op a module of the same name, and the sliding blocks' cores on the window mask."""
     torch = pytest.importorskip("torch")
-    from planner.blocks import describe
+    from planner.graph.blocks import describe
     from validate.reference_model import build_model
 
     with torch.device("meta"):
@@ -80,7 +80,7 @@ def test_window_and_sinks_cost_what_the_eager_kernel_runs() -> None:
     plain = full.model_copy(update={"attention_sinks": False})
     est = {name: estimate(m, training, HW, knobs) for name, m in (("window", TINY), ("full", full), ("plain", plain))}
     assert est["window"].model_flops_per_step == est["full"].model_flops_per_step == est["plain"].model_flops_per_step
-    from planner.estimate import check_knobs, rank_graph
+    from planner.program.estimate import check_knobs, rank_graph
 
     graphs = {name: rank_graph(m, training, knobs, check_knobs(m, training, HW, knobs))
               for name, m in (("window", TINY), ("full", full), ("plain", plain))}
@@ -110,7 +110,7 @@ def test_refusals_name_the_field() -> None:
         ModelConfig.model_validate({**TINY.model_dump(), "moe": None, "family": "llama", "implementation": "hf"})
     with pytest.raises(ValueError, match="moe.aux_loss_coef: the load-balancing loss over a top-k-then-softmax"):
         MoeConfig(**{**MOE, "aux_loss_coef": 0.01})
-    from planner.parallel_dims import ParallelDims
+    from planner.plan.parallel_dims import ParallelDims
 
     dense = ModelConfig.model_validate({**TINY.model_dump(), "moe": None, "family": "llama"})
     tp2 = Knobs(micro_batch_size=2, parallel=ParallelDims(tp=2, dp_shard=1))
@@ -277,7 +277,7 @@ def test_expert_parallelism_runs_the_biased_experts() -> None:
     FSDP2 ZeRO-3): each rank holds E/ep experts and their biases; the per-rank peak within 1%
     (measured +0.76%; the same model under ZeRO-3 without ep: +0.74%)."""
     pytest.importorskip("torch")
-    from planner.parallel_dims import ParallelDims
+    from planner.plan.parallel_dims import ParallelDims
     from roofplan import api
     from validate.api import validate
 

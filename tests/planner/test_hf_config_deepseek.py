@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from planner.config import Family
 from planner.errors import ConfigError
-from planner.hf_config import model_from_hf_config
-from planner.mla_config import MlaConfig
-from planner.model_io import load_preset
-from planner.moe_config import MoeConfig
-from planner.params import param_tensors
+from planner.graph.params import param_tensors
+from planner.model.config import Family
+from planner.model.mla_config import MlaConfig
+from planner.model.moe_config import MoeConfig
+from planner.model.readers.dense import model_from_hf_config
+from planner.model.sources import load_preset
 
 # deepseek-ai/DeepSeek-V3 config.json (https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json),
 # less its quantization_config (the published fp8 block-wise weights: transformers would quantize the

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from planner.config import Family, QkNorm
 from planner.errors import ConfigError
-from planner.hf_config import model_from_hf_config
-from planner.model_io import load_preset, load_workload
-from planner.moe_config import MoeConfig
-from planner.params import param_tensors
+from planner.graph.params import param_tensors
+from planner.model.config import Family, QkNorm
+from planner.model.moe_config import MoeConfig
+from planner.model.readers.dense import model_from_hf_config
+from planner.model.sources import load_preset, load_workload
 
 # ---------------------------------------------------------------------------------------------
 # the published config.json files (the keys transformers reads; ids of the Hugging Face repos)

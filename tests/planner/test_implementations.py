@@ -20,13 +20,13 @@ torch = pytest.importorskip("torch")
 import torchtitan_llama3 as titan  # noqa: E402  (tests/planner: a test helper)
 
 from hardware.registry import load_hardware  # noqa: E402
-from planner.blocks import describe  # noqa: E402
-from planner.config import ModelConfig, TrainConfig, effective_activation, effective_loss  # noqa: E402  # noqa: E402
 from planner.errors import ConfigError  # noqa: E402
-from planner.estimate import estimate  # noqa: E402
-from planner.knobs import Knobs  # noqa: E402
-from planner.model_io import resolve  # noqa: E402
+from planner.graph.blocks import describe  # noqa: E402
+from planner.model.config import ModelConfig, TrainConfig, effective_activation, effective_loss  # noqa: E402  # noqa: E402
+from planner.model.sources import resolve  # noqa: E402
 from planner.ops.impl_losses import liger_chunk_rows  # noqa: E402
+from planner.plan.knobs import Knobs  # noqa: E402
+from planner.program.estimate import estimate  # noqa: E402
 from validate.tracker import LiveStorageTracker  # noqa: E402
 
 HW = load_hardware("h100-sxm")

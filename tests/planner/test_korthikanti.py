@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
-from planner.estimate import estimate
-from planner.knobs import Knobs
+from planner.model.config import ModelConfig, TrainConfig
+from planner.plan.knobs import Knobs
+from planner.program.estimate import estimate
 
 HW = load_hardware("h100-sxm")
 S, B, H, A = 2048, 1, 2048, 16  # seq, micro-batch, hidden, heads
@@ -93,7 +93,7 @@ def test_pytorch_itself_reproduces_the_table() -> None:
 def test_graph_saved_bytes_sum_to_the_table() -> None:
     """The per-op ``saved_bytes`` of one block's graph nodes add up to the same table entry
     (LayerNorm statistics aside), so the per-op figures are an exact split of the per-layer total."""
-    from planner.graph import build_graph
+    from planner.graph.layer_graph import build_graph
     from planner.precision import precision_spec
 
     graph = build_graph(_gpt(2), B, S, precision_spec("bf16-true"))

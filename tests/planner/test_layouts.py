@@ -1,4 +1,4 @@
-"""planner.layouts, the one authority on which parallel layouts exist: the layouts it enumerates
+"""planner.plan.layouts, the one authority on which parallel layouts exist: the layouts it enumerates
 are exactly the valid ones, its refusals name the flag, and the mesh it lays out puts the same
 ranks of each group on a node as the closed form it replaced."""
 
@@ -8,9 +8,10 @@ import itertools
 
 import pytest
 
-from planner.config import TrainConfig
 from planner.errors import ConfigError
-from planner.layouts import (
+from planner.model.config import TrainConfig
+from planner.model.sources import resolve
+from planner.plan.layouts import (
     LayoutRequest,
     as_flag,
     as_flags,
@@ -21,8 +22,7 @@ from planner.layouts import (
     layout_choices,
     valid_layouts,
 )
-from planner.model_io import resolve
-from planner.parallel_dims import Group, MeshAxis, ParallelDims
+from planner.plan.parallel_dims import Group, MeshAxis, ParallelDims
 
 LLAMA, _ = resolve("tiny-llama")
 MOE, _ = resolve("mixtral-8x7b")

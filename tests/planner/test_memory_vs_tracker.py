@@ -13,10 +13,10 @@ pytest.importorskip("torch")
 # the peak is all these tests read: simulate_step skips its FLOP count (tests/conftest.py)
 
 from hardware.registry import load_hardware  # noqa: E402
-from planner.config import ModelConfig, TrainConfig  # noqa: E402
-from planner.estimate import estimate  # noqa: E402
-from planner.knobs import Knobs  # noqa: E402
-from planner.model_io import resolve  # noqa: E402
+from planner.model.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.model.sources import resolve  # noqa: E402
+from planner.plan.knobs import Knobs  # noqa: E402
+from planner.program.estimate import estimate  # noqa: E402
 from validate.simulate import simulate_step  # noqa: E402
 
 TOLERANCE = 0.03  # issue 2: within 3% of the tracker

@@ -9,14 +9,14 @@ import itertools
 import pytest
 
 from hardware.registry import load_hardware
-from planner.checkpointing import CheckpointPolicy
-from planner.config import ModelConfig, TrainConfig
-from planner.estimate import estimate, rank_graph, static_for
-from planner.knobs import Knobs
-from planner.memory import checkpoint_units, simulate_step
-from planner.placement import placement_profile
-from planner.placement_mixed import MixedProfile
+from planner.memory.placement import placement_profile
+from planner.memory.placement_mixed import MixedProfile
+from planner.memory.step import checkpoint_units, simulate_step
+from planner.model.config import ModelConfig, TrainConfig
+from planner.plan.checkpointing import CheckpointPolicy
+from planner.plan.knobs import Knobs
 from planner.precision import precision_spec
+from planner.program.estimate import estimate, rank_graph, static_for
 from search.candidates import evaluate
 
 HW = load_hardware("h100-sxm")

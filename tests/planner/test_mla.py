@@ -1,4 +1,4 @@
-"""Multi-head latent attention and DeepSeek-V3's router (``planner.mla_config``, ``planner.ops.mla``,
+"""Multi-head latent attention and DeepSeek-V3's router (``planner.model.mla_config``, ``planner.ops.mla``,
 ``validate.mla_model``, ``MoeConfig.scoring``): the planner's peak against the live-storage tracker
 over small DeepSeek-V3-shaped reference models with balanced routing, FLOPs against
 FlopCounterMode, the description against the reference modules, and refusals."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.estimate import estimate
-from planner.knobs import Knobs
-from planner.moe_config import MoeConfig
-from planner.parallel_dims import ParallelDims
+from planner.model.config import ModelConfig, TrainConfig
+from planner.model.moe_config import MoeConfig
+from planner.plan.knobs import Knobs
+from planner.plan.parallel_dims import ParallelDims
+from planner.program.estimate import estimate
 
 HW = load_hardware("h100-sxm")
 MLA = dict(q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=24)
@@ -58,8 +58,8 @@ def test_the_description_is_the_reference_model(name: str) -> None:
     """Parameters in registration order (the correction bias is a buffer, not among them), every
     parametrized op a module of the same name."""
     torch = pytest.importorskip("torch")
-    from planner.blocks import describe
-    from planner.params import param_tensors
+    from planner.graph.blocks import describe
+    from planner.graph.params import param_tensors
     from validate.reference_model import build_model
 
     model = MODELS[name]
@@ -77,7 +77,7 @@ def test_the_description_is_the_reference_model(name: str) -> None:
 def test_attention_flops_count_both_head_dims() -> None:
     """The core's FLOPs: q k^T over nope + rope, p v over v_head_dim (2 B N T^2 (q + v) forward,
     twice that backward), at the same step as a plain attention of head dim (q + v) / 2."""
-    from planner.estimate import check_knobs, rank_graph
+    from planner.program.estimate import check_knobs, rank_graph
 
     training = TrainConfig(seq_len=128, global_batch_size=2)
     knobs = Knobs(micro_batch_size=2)

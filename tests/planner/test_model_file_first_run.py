@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.config import ModelConfig
 from planner.errors import ConfigError, ConfigWarning
+from planner.model.config import ModelConfig
 from roofplan import api
 from roofplan.cli import main as plan_main
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from planner.config import (
+from planner.errors import ConfigError, ConfigWarning, UnknownPresetError
+from planner.model.config import (
     AttentionImpl,
     Family,
     MlpKind,
@@ -18,8 +19,7 @@ from planner.config import (
     PositionKind,
     TrainConfig,
 )
-from planner.errors import ConfigError, ConfigWarning, UnknownPresetError
-from planner.model_io import (
+from planner.model.sources import (
     Workload,
     list_presets,
     load_preset,

@@ -1,4 +1,4 @@
-"""Mixture-of-experts blocks (``planner.moe_config``, ``planner.ops.moe``, ``validate.moe_model``):
+"""Mixture-of-experts blocks (``planner.model.moe_config``, ``planner.ops.moe``, ``validate.moe_model``):
 the planner's peak against the live-storage tracker over the reference MoE with balanced routing,
 FLOPs against FlopCounterMode, the description against the reference modules, active-parameter
 FLOPs, and refusals."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.estimate import estimate
-from planner.knobs import Knobs
-from planner.moe_config import MoeConfig
-from planner.parallel_dims import ParallelDims
+from planner.model.config import ModelConfig, TrainConfig
+from planner.model.moe_config import MoeConfig
+from planner.plan.knobs import Knobs
+from planner.plan.parallel_dims import ParallelDims
+from planner.program.estimate import estimate
 
 HW = load_hardware("h100-sxm")
 BASE = dict(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256, vocab_size=512)
@@ -57,8 +57,8 @@ def test_planner_matches_pytorch(name: str, precision: str, accumulation: int, b
 def test_the_description_is_the_reference_model(name: str) -> None:
     """Parameters in registration order, every parametrized op a module of the same name."""
     torch = pytest.importorskip("torch")
-    from planner.blocks import describe
-    from planner.params import param_tensors
+    from planner.graph.blocks import describe
+    from planner.graph.params import param_tensors
     from validate.reference_model import build_model
 
     model = MODELS[name]
@@ -180,7 +180,7 @@ def test_expert_parallelism_with_the_experts_whole_on_each_rank(stage: int) -> N
 def test_expert_parallelism_splits_the_experts_and_exchanges_the_rows() -> None:
     """Per rank: E/ep experts' parameters, two all-to-alls forward and two backward per MoE block
     (each of the rank's N k rows), and a layout refused in one line where it cannot run."""
-    from planner.estimate import check_knobs, rank_graph
+    from planner.program.estimate import check_knobs, rank_graph
 
     training = TrainConfig(seq_len=128, global_batch_size=8)
     alone = Knobs(micro_batch_size=2, parallel=ParallelDims.data_parallel_of(4, 3))

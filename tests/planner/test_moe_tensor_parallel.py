@@ -1,4 +1,4 @@
-"""Tensor parallelism of mixture-of-experts blocks (``planner.strategies.tensor_moe``,
+"""Tensor parallelism of mixture-of-experts blocks (``planner.parallel.tensor_moe``,
 ``validate.moe_parallel``): a rank's peak against the live-storage tracker on rank 0 of a fake
 process group (TP 2 with and without SP, TP 2 x EP 2 with FSDP2), what one rank holds and runs,
 the collectives, and the refusals."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
-from planner.estimate import check_knobs, estimate, rank_graph
-from planner.knobs import Knobs
-from planner.parallel_dims import ParallelDims
-from planner.strategies.tensor import rank_parameters
+from planner.model.config import ModelConfig, TrainConfig
+from planner.parallel.tensor import rank_parameters
+from planner.plan.knobs import Knobs
+from planner.plan.parallel_dims import ParallelDims
+from planner.program.estimate import check_knobs, estimate, rank_graph
 
 HW = load_hardware("h100-sxm")
 BASE = dict(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256, vocab_size=512)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner.estimate import cached_graph, estimate, static_for
-from planner.knobs import Knobs
-from planner.parallel import (
+from planner.parallel.collectives import (
     Collective,
     ParallelConfig,
     fsdp_shard_numel,
@@ -16,7 +14,9 @@ from planner.parallel import (
     ring_time_s,
     zero1_partition,
 )
+from planner.plan.knobs import Knobs
 from planner.precision import precision_spec
+from planner.program.estimate import cached_graph, estimate, static_for
 from roofplan import api
 
 GB = 1e9

@@ -1,4 +1,4 @@
-"""Exact parameter counts: planner.params vs transformers and the reference model, on the meta device.
+"""Exact parameter counts: planner.graph.params vs transformers and the reference model, on the meta device.
 
 Nothing is allocated (meta tensors), so even Llama 3.1 405B builds in well under a second.
 """
@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from planner.config import Family, ModelConfig  # noqa: E402
-from planner.model_io import list_presets, load_preset, model_from_hf_config  # noqa: E402
-from planner.params import count_params, param_tensors  # noqa: E402
+from planner.graph.params import count_params, param_tensors  # noqa: E402
+from planner.model.config import Family, ModelConfig  # noqa: E402
+from planner.model.sources import list_presets, load_preset, model_from_hf_config  # noqa: E402
 from validate.reference_model import build_model  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hf"

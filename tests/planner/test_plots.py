@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.parallel_dims import layout_label
+from planner.plan.parallel_dims import layout_label
 
 pytest.importorskip("matplotlib")
 
@@ -19,7 +19,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from planner.errors import InfeasibleError  # noqa: E402
-from planner.results import PlanResult  # noqa: E402
+from planner.program.results import PlanResult  # noqa: E402
 from roofplan import api  # noqa: E402
 from roofplan.cli import build_parser  # noqa: E402
 from roofplan.cli import main as plan_main  # noqa: E402

@@ -7,13 +7,13 @@ import torch
 
 from hardware.dtypes import ComputePrecision, DType
 from hardware.registry import bundled_names, load_hardware
-from planner.config import OptimizerImpl, OptimizerKind, TrainConfig
 from planner.errors import ConfigError, UnsupportedPrecisionError
-from planner.estimate import estimate
-from planner.knobs import Knobs
-from planner.model_io import load_preset
-from planner.optimizer import optimizer_spec
+from planner.model.config import OptimizerImpl, OptimizerKind, TrainConfig
+from planner.model.sources import load_preset
+from planner.plan.knobs import Knobs
+from planner.plan.optimizer import optimizer_spec
 from planner.precision import PRECISION_SPECS, PrecisionPolicy, precision_spec
+from planner.program.estimate import estimate
 
 P = PrecisionPolicy
 ADAMW = optimizer_spec(OptimizerKind.ADAMW, OptimizerImpl.FUSED)

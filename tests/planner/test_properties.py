@@ -1,4 +1,4 @@
-"""Hypothesis properties of ``planner.estimate.estimate`` (docs/design.md, "How numbers are proven"):
+"""Hypothesis properties of ``planner.program.estimate.estimate`` (docs/design.md, "How numbers are proven"):
 
 memory never falls as the micro-batch grows (at a fixed accumulation count, or at a fixed global
 batch while accumulating: dropping accumulation altogether CAN lower the peak, in torch too, see
@@ -15,10 +15,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hardware.registry import load_hardware
-from planner.config import Family, ModelConfig, OptimizerImpl, TrainConfig
-from planner.estimate import Estimate, estimate
-from planner.knobs import Knobs
+from planner.model.config import Family, ModelConfig, OptimizerImpl, TrainConfig
+from planner.plan.knobs import Knobs
 from planner.precision import PrecisionPolicy
+from planner.program.estimate import Estimate, estimate
 
 GLOBAL_BATCH = 8
 MICRO_BATCHES = (1, 2, 4, 8)

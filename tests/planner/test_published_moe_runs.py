@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.knobs import Knobs
-from planner.parallel_dims import ParallelDims
+from planner.plan.knobs import Knobs
+from planner.plan.parallel_dims import ParallelDims
 from roofplan import api
 
 PUBLISHED_STEP_S = 21.773

@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 
 from hardware.kernels import AttentionKernel
-from planner.knobs import Knobs
-from planner.parallel_dims import ParallelDims
+from planner.plan.knobs import Knobs
+from planner.plan.parallel_dims import ParallelDims
 from roofplan import api
 
 GIB = 2**30

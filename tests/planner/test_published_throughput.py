@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.knobs import Knobs
+from planner.plan.knobs import Knobs
 from roofplan import api
 
 GPUS = 64

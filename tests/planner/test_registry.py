@@ -11,12 +11,12 @@ import networkx as nx
 import pytest
 import torch
 
-from planner.config import AttentionImpl, ModelConfig
-from planner.graph import LayerGraph, build_graph
-from planner.model_io import load_preset
+from planner.graph.layer_graph import LayerGraph, build_graph
+from planner.graph.params import count_params
+from planner.model.config import AttentionImpl, ModelConfig
+from planner.model.sources import load_preset
 from planner.ops import catalog, registry
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind
-from planner.params import count_params
 from planner.precision import PrecisionPolicy, precision_spec
 from validate.reference_model import build_model
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.precision import PRECISION_SPECS, PrecisionPolicy
-from planner.results import PlanResult
+from planner.program.results import PlanResult
 from roofplan import api
 from roofplan.render import NOT_MODELLED, alternatives_table, ops_table, report, sharding_label, time_table
 

@@ -10,17 +10,17 @@ from __future__ import annotations
 import pytest
 
 from hardware.registry import load_hardware
-from planner.blocks import describe
-from planner.config import ModelConfig, TrainConfig
-from planner.description import TpRole
 from planner.errors import ConfigError
-from planner.estimate import check_knobs, estimate, peak_lower_bound, rank_graph
-from planner.knobs import Knobs
-from planner.model_io import load_preset
+from planner.graph.blocks import describe
+from planner.graph.description import TpRole
+from planner.graph.params import count_params
+from planner.model.config import ModelConfig, TrainConfig
+from planner.model.sources import load_preset
 from planner.ops.base import OpKind
-from planner.parallel_dims import ParallelDims
-from planner.params import count_params
-from planner.strategies.tensor import shard_tensor_parallel
+from planner.parallel.tensor import shard_tensor_parallel
+from planner.plan.knobs import Knobs
+from planner.plan.parallel_dims import ParallelDims
+from planner.program.estimate import check_knobs, estimate, peak_lower_bound, rank_graph
 
 HW = load_hardware("h100-sxm")
 LLAMA2_7B = load_preset("llama2-7b").model

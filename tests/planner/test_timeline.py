@@ -1,4 +1,4 @@
-"""A rank's timeline (planner/timeline.py, planner/step_time.py): the overlap rule against its
+"""A rank's timeline (planner/timing/timeline.py, planner/timing/step_time.py): the overlap rule against its
 closed form, waits, critical path and exposure, and the step time every estimate reads off it."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
-from planner.estimate import estimate
-from planner.knobs import Knobs
-from planner.schedule import accumulation
-from planner.step_time import Collectives, rank_timeline
-from planner.timeline import Stream, Task, overlapped_s, run_segment
+from planner.model.config import ModelConfig, TrainConfig
+from planner.plan.knobs import Knobs
+from planner.plan.schedule import accumulation
+from planner.program.estimate import estimate
+from planner.timing.step_time import Collectives, rank_timeline
+from planner.timing.timeline import Stream, Task, overlapped_s, run_segment
 
 HW = load_hardware("h100-sxm")
 PROBE = ModelConfig(family="llama", name="probe-llama", n_layers=4, d_model=256, n_heads=4, n_kv_heads=2, d_ff=688,
@@ -79,8 +79,8 @@ def test_estimates_read_the_step_time_off_the_timeline(stage: int) -> None:
 
 
 def _walk(schedule_events: tuple, n: int, stage: int = 0) -> tuple:
-    from planner.estimate import step_program
-    from planner.schedule import Event, Phase, Schedule
+    from planner.plan.schedule import Event, Phase, Schedule
+    from planner.program.estimate import step_program
 
     training = TrainConfig(seq_len=256, global_batch_size=8 * n)
     knobs = Knobs(micro_batch_size=4, grad_accum_steps=n, data_parallel=2, zero_stage=stage, precision="fp32")
@@ -88,7 +88,7 @@ def _walk(schedule_events: tuple, n: int, stage: int = 0) -> tuple:
     events = tuple(Event(mb, phase) for mb, phase in schedule_events) + (Event(n - 1, Phase.OPTIMIZER),)
     schedule = Schedule(events=events, n_micro_batches=n)
     rank = program.busiest
-    from planner.memory import simulate_step
+    from planner.memory.step import simulate_step
     return simulate_step(rank.graph, rank.static, HW.round_alloc, program.units, schedule, record_trace=True), program
 
 
@@ -97,7 +97,7 @@ def test_two_micro_batches_in_flight_hold_both_forwards(stage: int) -> None:
     """The one event loop runs any order of events (a pipeline's F0 F1 B0 B1): the second forward
     ends with the first one's saved activations still held, and the gradients the first backward
     allocates are added into by the second."""
-    from planner.schedule import Phase
+    from planner.plan.schedule import Phase
 
     f, b = Phase.FORWARD, Phase.BACKWARD
     serial, program = _walk(((0, f), (0, b), (1, f), (1, b)), 2, stage)

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, InfeasibleError
+from planner.model.config import ModelConfig, TrainConfig
 from roofplan import api
 from roofplan.cli import main as plan_main
 from search.space import CP, MIN_CONTEXT_SHARD_TOKENS, build_space, layout_degrees

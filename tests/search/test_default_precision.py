@@ -8,7 +8,7 @@ import pytest
 from hardware.dtypes import ComputePrecision
 from hardware.profile import HardwareProfile
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
+from planner.model.config import ModelConfig, TrainConfig
 from planner.precision import PrecisionPolicy, precision_spec
 from roofplan import api
 from search.space import build_space

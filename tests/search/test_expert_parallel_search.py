@@ -8,8 +8,8 @@ import json
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError
+from planner.model.config import ModelConfig, TrainConfig
 from roofplan import api
 from roofplan.cli import main as plan_main
 from search.space import EP, ZERO_STAGE, build_space, layout_refusal
@@ -101,7 +101,7 @@ def test_ep_without_moe_refused_in_the_api() -> None:
 
 
 def test_tensor_parallel_layouts_of_moe_models_are_offered() -> None:
-    """Tensor parallelism of MoE blocks is modelled (``planner.strategies.tensor_moe``): the space
+    """Tensor parallelism of MoE blocks is modelled (``planner.parallel.tensor_moe``): the space
     offers tp > 1 on a MoE model, alone and with ep over the data-parallel ranks it leaves, and
     leaves it out where the blocks cannot run it (the load-balancing loss)."""
     space = build_space(MOE, TRAINING, HW, gpus=8, tensor_parallel=None, context_parallel=1, expert_parallel=None)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import ConfigError, InfeasibleError
+from planner.model.config import ModelConfig, TrainConfig
 from roofplan import api
 from roofplan.cli import main as plan_main
 

@@ -15,11 +15,11 @@ import random
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
-from planner.estimate import cached_graph, check_knobs, device_bytes, static_for
-from planner.knobs import Knobs
-from planner.memory import checkpoint_units, simulate_step
-from planner.placement import placement_profile
+from planner.memory.placement import placement_profile
+from planner.memory.step import checkpoint_units, simulate_step
+from planner.model.config import ModelConfig, TrainConfig
+from planner.plan.knobs import Knobs
+from planner.program.estimate import cached_graph, check_knobs, device_bytes, static_for
 from search.candidates import evaluate
 
 HW = load_hardware("h100-sxm")
@@ -108,7 +108,7 @@ def test_blocks_that_differ_fall_back_to_counts_of_earliest_blocks() -> None:
     """Dense first blocks before MoE blocks (DeepSeek-V3's three) do not decompose; beyond BRUTE_FORCE_MAX_BLOCKS the
     curve walks FALLBACK_COUNTS counts (none and every block included), earliest blocks first,
     each priced by a whole walk."""
-    from planner.estimate import rank_graph
+    from planner.program.estimate import rank_graph
     from search.candidates import BRUTE_FORCE_MAX_BLOCKS, FALLBACK_COUNTS, _per_block_curve
 
     n = BRUTE_FORCE_MAX_BLOCKS + 2

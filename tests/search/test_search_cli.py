@@ -18,7 +18,7 @@ import pytest
 
 from hardware.registry import load_hardware
 from hardware.units import format_bytes
-from planner.results import PlanResult
+from planner.program.results import PlanResult
 from roofplan import api
 from roofplan.cli import main as plan_main
 
@@ -388,7 +388,7 @@ def test_infeasible_advice_names_the_fused_optimizer_when_its_temporaries_make_t
     """Short sequences, everything checkpointed: the peak is the foreach AdamW step's
     parameter-sized temporaries. The advice's figure for --optimizer-impl fused is that plan's own
     device footprint (here the backward peak then decides, as the advice warns)."""
-    from planner.knobs import Knobs
+    from planner.plan.knobs import Knobs
     from roofplan.advice import infeasible_message
 
     model, training = api.load_model("llama2-7b", seq_len=128, global_batch_size=1)

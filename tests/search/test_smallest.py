@@ -13,12 +13,12 @@ import json
 import pytest
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import InfeasibleError
-from planner.estimate import estimate
-from planner.fsdp import FSDP_PRECISIONS
-from planner.knobs import GradSync, Knobs
+from planner.model.config import ModelConfig, TrainConfig
+from planner.parallel.fsdp_units import FSDP_PRECISIONS
+from planner.plan.knobs import GradSync, Knobs
 from planner.precision import PrecisionPolicy
+from planner.program.estimate import estimate
 from roofplan import api
 from roofplan.cli import main as plan_main
 from search.candidates import segment_plans

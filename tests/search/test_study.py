@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hardware.registry import load_hardware
-from planner.config import ModelConfig, TrainConfig
 from planner.errors import InfeasibleError
+from planner.model.config import ModelConfig, TrainConfig
 from roofplan import api
 
 PROFILES = ("h100-sxm", "a100-sxm-40gb", "l4", "h200")
@@ -142,7 +142,7 @@ def test_pruning_bound_never_exceeds_the_peak(family: str, n_layers: int, vocab:
                                               parallel: tuple[int, int]) -> None:
     """The search skips points whose lower bound exceeds the cap: the bound must hold for
     every placement, or a plan that fits could be skipped."""
-    from planner.estimate import estimate, peak_lower_bound
+    from planner.program.estimate import estimate, peak_lower_bound
 
     model = ModelConfig(family=family, n_layers=n_layers, d_model=64, n_heads=2, d_ff=256, vocab_size=vocab,
                         max_seq_len=256, attention=attention)

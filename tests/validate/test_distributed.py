@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.config import ModelConfig, TrainConfig  # noqa: E402
-from planner.knobs import Knobs  # noqa: E402
-from planner.parallel_dims import ParallelDims  # noqa: E402
+from planner.model.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.plan.knobs import Knobs  # noqa: E402
+from planner.plan.parallel_dims import ParallelDims  # noqa: E402
 from roofplan import api  # noqa: E402
 from validate.api import validate  # noqa: E402
 
@@ -209,7 +209,7 @@ def test_fsdp_units_follow_registration_order() -> None:
     """The planner's FSDP2 units hold exactly the reference model's parameters, in the order
     fully_shard registers them (the last one's gradient is the one freed late)."""
     from hardware.registry import load_hardware
-    from planner.estimate import cached_graph, compute_spec, layout_for
+    from planner.program.estimate import cached_graph, compute_spec, layout_for
     from validate.reference_model import build_model
 
     knobs = Knobs(micro_batch_size=2, precision="bf16-mixed", data_parallel=4, zero_stage=3)

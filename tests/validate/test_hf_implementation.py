@@ -22,10 +22,10 @@ pytest.importorskip("transformers")
 
 from hardware.errors import ConfigError  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
-from planner.config import ModelConfig, TrainConfig  # noqa: E402
-from planner.estimate import estimate  # noqa: E402
-from planner.knobs import Knobs  # noqa: E402
-from planner.model_io import model_from_hf_config  # noqa: E402
+from planner.model.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.model.sources import model_from_hf_config  # noqa: E402
+from planner.plan.knobs import Knobs  # noqa: E402
+from planner.program.estimate import estimate  # noqa: E402
 from validate.hf_model import checkpoint_every, simulate_hf  # noqa: E402
 
 HW = load_hardware("h100-sxm")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.parallel_dims import ParallelDims
+from planner.plan.parallel_dims import ParallelDims
 
 torch = pytest.importorskip("torch")
 

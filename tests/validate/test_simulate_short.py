@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.config import ModelConfig, TrainConfig  # noqa: E402
-from planner.knobs import GradSync, Knobs  # noqa: E402
+from planner.model.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.plan.knobs import GradSync, Knobs  # noqa: E402
 from roofplan import api  # noqa: E402
 from validate import simulate as simulate_module  # noqa: E402
 from validate.api import validate  # noqa: E402

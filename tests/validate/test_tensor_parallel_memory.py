@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.config import ModelConfig, TrainConfig  # noqa: E402
-from planner.knobs import Knobs  # noqa: E402
-from planner.parallel_dims import ParallelDims  # noqa: E402
+from planner.model.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.plan.knobs import Knobs  # noqa: E402
+from planner.plan.parallel_dims import ParallelDims  # noqa: E402
 from roofplan import api  # noqa: E402
 
 LLAMA = ModelConfig(family="llama", n_layers=3, d_model=256, n_heads=8, n_kv_heads=4, d_ff=512, vocab_size=512)

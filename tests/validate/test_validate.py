@@ -14,11 +14,11 @@ torch = pytest.importorskip("torch")
 
 from hardware.profile import HardwareProfile  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
-from planner.config import ModelConfig, TrainConfig  # noqa: E402
-from planner.estimate import cached_graph, estimate  # noqa: E402
-from planner.knobs import Knobs  # noqa: E402
+from planner.model.config import ModelConfig, TrainConfig  # noqa: E402
+from planner.plan.knobs import Knobs  # noqa: E402
 from planner.precision import precision_spec  # noqa: E402
-from planner.results import PlanResult  # noqa: E402
+from planner.program.estimate import cached_graph, estimate  # noqa: E402
+from planner.program.results import PlanResult  # noqa: E402
 from roofplan import api  # noqa: E402
 from roofplan.validate_cli import main as validate_main  # noqa: E402
 from validate import calibrate as calibrate_module  # noqa: E402

@@ -1,0 +1,206 @@
+"""The layer graph: one node per op of a training step's forward, in execution order.
+
+Nodes are named after the reference model's modules (``blocks.3.attn.q_proj``); each carries
+its ``LayerSpec`` and its ``LayerCost`` for one micro-batch, and edges carry the activation
+tensors from producer to consumer (``inputs`` keeps their order). ``block`` on a node says which
+transformer block it belongs to, so checkpoint units are visible in the graph.
+
+``LayerGraph.graph`` is the same graph as a ``networkx.DiGraph`` (nodes carry ``op``, ``block``
+and ``saved_bytes``, edges ``index`` and ``saved``), built on first use: the planner walks the
+plain node table, so planning never imports networkx.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from planner.graph.blocks import describe
+from planner.graph.description import ModelDesc, OpDesc
+from planner.model.config import ModelConfig
+from planner.ops.base import HIDDEN_STATE_LOSSES, LayerCost, LayerSpec, OpContext, OpKind, ParamTensor, TensorInfo
+from planner.ops.catalog import cost_of
+from planner.precision import PrecisionSpec
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    spec: LayerSpec
+    cost: LayerCost
+    inputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    """A built graph for one (model, micro-batch, seq_len, precision)."""
+
+    model: ModelConfig
+    batch: int
+    seq_len: int
+    precision: PrecisionSpec
+    ops: dict[str, GraphNode] = field(repr=False)  # name -> node
+    order: tuple[str, ...]
+    # tensor -> last op of the module call that received it as an argument: Python keeps a
+    # module's arguments alive until the call returns, even when autograd saves nothing of them
+    held_until: dict[str, str] = field(default_factory=dict, repr=False)
+
+    saved: dict[str, int] = field(default_factory=dict, repr=False)  # name -> saved_bytes
+    edges: tuple[tuple[str, str, int, bool], ...] = field(default=(), repr=False)  # producer, consumer, slot, saved
+
+    def node(self, name: str) -> GraphNode:
+        return self.ops[name]
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The graph as a networkx DiGraph (built on first use)."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for name in self.order:
+            op = self.ops[name]
+            g.add_node(name, op=op, block=op.spec.block, saved_bytes=self.saved[name])
+        for producer, consumer, index, saved in self.edges:
+            g.add_edge(producer, consumer, index=index, saved=saved)
+        return g
+
+    def saved_bytes(self, name: str) -> int:
+        """Bytes op ``name`` keeps alive for backward without checkpointing: what it saves of its
+        own (statistics, masks, copies) plus its output if it or a consumer saves that output.
+        A tensor saved by several ops is counted once, at its producer."""
+        return self.saved[name]
+
+    @cached_property
+    def nodes(self) -> tuple[GraphNode, ...]:
+        return tuple(self.node(name) for name in self.order)
+
+    @cached_property
+    def param_tensors(self) -> dict[str, int]:
+        """Unique parameter tensors (state-dict name -> numel); tied weights appear once."""
+        tensors: dict[str, int] = {}
+        for op in self.nodes:
+            for param in op.spec.params:
+                tensors.setdefault(param.name, param.numel)
+        return tensors
+
+    @cached_property
+    def grad_tensors(self) -> dict[str, int]:
+        """Unique parameter gradients (state-dict name -> numel of the ``.grad`` autograd makes)."""
+        return {name: p.grad_elements for name, p in self.param_specs.items()}
+
+    @cached_property
+    def param_specs(self) -> dict[str, ParamTensor]:
+        """Unique parameter tensors with their shapes (state-dict name -> ParamTensor)."""
+        specs: dict[str, ParamTensor] = {}
+        for op in self.nodes:
+            for param in op.spec.params:
+                specs.setdefault(param.name, param)
+        return specs
+
+    @cached_property
+    def buffer_bytes(self) -> tuple[int, ...]:
+        """Buffers the model registers beside its parameters (not trained, never sharded): DeepSeek-V3's
+        (E,) fp32 ``e_score_correction_bias`` of each MoE block."""
+        return tuple(4 * op.spec.moe.n_experts for op in self.nodes
+                     if op.spec.kind is OpKind.MOE_ROUTE and op.spec.moe is not None and op.spec.moe.score_correction_bias)
+
+    @cached_property
+    def n_params(self) -> int:
+        return sum(self.param_tensors.values())
+
+    @cached_property
+    def block_of(self) -> dict[str, int | None]:
+        """Op name -> its block index (None outside the blocks)."""
+        return {op.spec.name: op.spec.block for op in self.nodes}
+
+    @cached_property
+    def block_nodes(self) -> dict[int, tuple[int, ...]]:
+        """Block index -> positions (in ``order``) of its nodes."""
+        blocks: dict[int, list[int]] = {}
+        for position, op in enumerate(self.nodes):
+            if op.spec.block is not None:
+                blocks.setdefault(op.spec.block, []).append(position)
+        return {block: tuple(positions) for block, positions in blocks.items()}
+
+
+_SPEC_DEFAULTS = {name: field.default for name, field in LayerSpec.model_fields.items() if name not in ("name", "kind")}
+
+
+_SPECS: dict[tuple[object, ...], LayerSpec] = {}
+_COST_FIELDS = tuple(name for name in LayerSpec.model_fields if name not in ("name", "block", "params"))
+
+
+def _spec(**fields: object) -> LayerSpec:
+    """A LayerSpec from fields the builder derived from a validated ModelConfig (no re-validation;
+    memoized: the same op of the same model recurs for every micro-batch size and precision)."""
+    key = tuple(sorted(fields.items()))
+    spec = _SPECS.get(key)
+    if spec is None:
+        if len(_SPECS) > 200_000:
+            _SPECS.clear()
+        spec = _SPECS[key] = LayerSpec.model_construct(**{**_SPEC_DEFAULTS, **fields})
+    return spec
+
+
+class _Builder:
+    def __init__(self, model: ModelConfig, batch: int, seq_len: int, precision: PrecisionSpec) -> None:
+        self.model, self.batch, self.seq_len, self.precision = model, batch, seq_len, precision
+        self.ops: dict[str, GraphNode] = {}
+        self.edges: list[tuple[str, str, int, bool]] = []
+        self.order: list[str] = []
+        self.costs: dict[tuple[object, ...], LayerCost] = {}
+
+    def add(self, spec: LayerSpec, inputs: tuple[str, ...] = (), info: tuple[TensorInfo, ...] | None = None) -> str:
+        tensors = info if info is not None else tuple(self.output(name) for name in inputs)
+        # blocks repeat: an op's cost depends on every field of its spec but its name, block index and
+        # parameter names (derived from the model, so a new field a formula reads is in the key too)
+        key = (*(getattr(spec, f) for f in _COST_FIELDS), tuple((p.numel, p.rows) for p in spec.params), tensors)
+        cost = self.costs.get(key)
+        if cost is None:
+            ctx = OpContext(batch=self.batch, seq_len=self.seq_len, precision=self.precision, inputs=tensors)
+            cost = self.costs[key] = cost_of(spec, ctx)
+        self.ops[spec.name] = GraphNode(spec=spec, cost=cost, inputs=inputs)
+        for position, producer in enumerate(inputs):
+            self.edges.append((producer, spec.name, position, cost.saves_input(position)))
+        self.order.append(spec.name)
+        return spec.name
+
+    def output(self, name: str) -> TensorInfo:
+        return self.ops[name].cost.output
+
+    def op(self, desc: OpDesc) -> None:
+        """Instantiate one described op."""
+        inputs = desc.inputs
+        if (desc.kind is OpKind.CROSS_ENTROPY and self.output(inputs[0]).dtype.n_bytes != 4
+                and desc.field("variant") not in HIDDEN_STATE_LOSSES):  # those take hidden states
+            # the reference model's loss upcasts low-precision logits first (``.float()``)
+            inputs = (self.add(_spec(name="logits_cast", kind=OpKind.CAST, block=None), inputs),)
+        spec = _spec(name=desc.name, kind=desc.kind, block=desc.block, params=desc.params, **dict(desc.fields))
+        info = (self.output(desc.shape_of),) if desc.shape_of is not None else None
+        self.add(spec, inputs, info)
+
+
+def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: PrecisionSpec,
+                desc: ModelDesc | None = None) -> LayerGraph:
+    """The forward op graph of ``model`` for a micro-batch of ``batch`` sequences of ``seq_len``:
+    its description (``planner.graph.blocks.describe``, or ``desc`` as a strategy rewrote it), each op
+    priced by its registered formula."""
+    desc = desc or describe(model)
+    g = _Builder(model, batch, seq_len, precision)
+    for op in desc.ops:
+        g.op(op)
+    consumers_save: set[str] = {producer for producer, _, _, saved in g.edges if saved}
+    saved_bytes = {}
+    for name in g.order:  # bytes each op's forward leaves alive for backward (no checkpointing)
+        cost = g.ops[name].cost
+        kept = cost.saves_output or name in consumers_save
+        saved_bytes[name] = sum(cost.saved_extra_bytes) + (cost.output.n_bytes if kept else 0)
+    return LayerGraph(model=model, batch=batch, seq_len=seq_len, precision=precision, ops=g.ops, saved=saved_bytes,
+                      edges=tuple(g.edges),
+                      order=tuple(g.order), held_until=dict(desc.held_until))
+
+
+LOGITS_NODES = frozenset({"lm_head", "logits_cast", "loss"})

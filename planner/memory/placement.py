@@ -1,0 +1,214 @@
+"""Exact checkpoint placement over the block chain (which blocks, not only how many).
+
+The memory walk of a placement S (a status per block: checkpointed or not) decomposes, for a
+chain of identical blocks, into terms that depend on one block's status at a time:
+
+    live(event k of block i) = N[kind_i](k) + sum_{j < i} D[s_j]      (i >= 1)
+
+where N[kind](k) is what the event would see with no earlier block, and D[s] is how much one
+earlier block with status s adds (what it keeps for backward, less, in the first micro-batch's
+backward, the gradient of one later block that has not appeared yet). The kind of a block is its
+status, except that a plain block after a checkpointed one can see more: a model-wide tensor no
+op saves is still held by the checkpoint units as an input. Block 0 has terms of its own: the
+model-wide tensors every block shares (rotary tables, causal mask) die in its backward. The last
+block may have terms of its own too (under FSDP2 no later unit's reduce-scatter input is held
+during its backward); it is taken from the walk of its kind. Events after
+the blocks see every block: their value moves linearly with the number of checkpointed blocks.
+The decomposition is verified on every walk before it is used, so a graph that does not
+decompose is refused rather than mispriced.
+
+Three walks (nothing, block 0 only, everything checkpointed) give every term. Given them, a
+dynamic program over (block, checkpointed so far) finds, for every count k, the placement with
+the lowest peak: what a block sees depends only on how many earlier blocks are checkpointed, so
+``best[i][c]`` (the lowest possible running peak over blocks < i with c of them checkpointed) is
+exact. Checkpointing early blocks costs less peak than late ones: a late
+block's recompute runs while every earlier block's activations are still alive.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from planner.errors import PlannerError
+from planner.graph.layer_graph import LayerGraph
+from planner.memory.step import Phase, StaticMemory, Timeline, TraceEvent, checkpoint_units, simulate_step
+from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
+from planner.plan.schedule import Schedule
+
+_FORWARD, _BACKWARD = "fwd", "bwd"
+
+
+class NotDecomposableError(PlannerError):
+    """The walk of this graph does not split into per-block terms (blocks are not identical)."""
+
+
+Terms = dict[tuple[int, str], list[int]]  # (micro-batch, group) -> value per event
+_NONE, _CKPT, _AFTER = 0, 1, 2  # term kinds: plain block, checkpointed block, plain block after a checkpointed one
+
+
+@dataclass(frozen=True)
+class PlacementProfile:
+    """Per-status terms of the memory walk, for one (graph, micro-batches, static memory).
+
+    A plain block's events can depend on whether any earlier block is checkpointed: a model-wide
+    tensor no op saves (the rotary tables under autocast) is still held by every checkpoint
+    unit as an input, until the earliest unit's backward ends. Hence three kinds of terms.
+    """
+
+    n_blocks: int
+    first: dict[int, Terms]  # status -> block 0's events
+    terms: dict[int, Terms]  # kind -> events of a later block, without any earlier block's share
+    last: dict[int, Terms]  # kind -> the last block's events, likewise (= terms unless it differs)
+    step: dict[int, dict[tuple[int, str], int]]  # status -> (micro-batch, group) -> D
+    outside: list[tuple[int, int, int]]  # events outside the blocks: value with 0, 1 and all L checkpointed
+
+    def _kind(self, status: int, earlier_checkpointed: bool) -> int:
+        return _CKPT if status else (_AFTER if earlier_checkpointed else _NONE)
+
+    def _block_peak(self, index: int, kind: int, prefix: dict[tuple[int, str], int]) -> int:
+        terms = self.first[kind] if index == 0 else self.last[kind] if index == self.n_blocks - 1 else self.terms[kind]
+        return max(max(values) + prefix.get(key, 0) for key, values in terms.items())
+
+    def _tail_peak(self, count: int) -> int:
+        n = self.n_blocks
+        if count == 0:
+            return max((none for none, _, _ in self.outside), default=0)
+        return max((one + (every - one) * (count - 1) // (n - 1) for _, one, every in self.outside), default=0)
+
+    def peak(self, statuses: tuple[int, ...]) -> int:
+        """Peak allocated bytes of the walk for ``statuses`` (1 = checkpointed), from the terms."""
+        prefix: dict[tuple[int, str], int] = defaultdict(int)
+        best = 0
+        seen = False
+        for index, s in enumerate(statuses):
+            best = max(best, self._block_peak(index, self._kind(s, seen), prefix))
+            seen = seen or bool(s)
+            for key, d in self.step[s].items():
+                prefix[key] += d
+        return max(best, self._tail_peak(sum(statuses)))
+
+    def min_peak_by_count(self) -> list[tuple[int, tuple[int, ...]]]:
+        """For k = 0..L checkpointed blocks: (lowest peak, one placement achieving it)."""
+        n = self.n_blocks
+        inf = float("inf")
+        best: list[float] = [0.0] + [inf] * n  # lowest running peak with c of the blocks so far checkpointed
+        choices: list[list[int]] = []
+        for i in range(n):
+            new: list[float] = [inf] * (n + 1)
+            pick = [-1] * (n + 1)
+            for c in range(i + 1):
+                if best[c] == inf:
+                    continue
+                prefix = {key: c * self.step[1][key] + (i - c) * self.step[0][key] for key in self.step[0]}
+                for s in (0, 1):
+                    value = max(best[c], self._block_peak(i, self._kind(s, c > 0), prefix))
+                    target = c + s
+                    if value < new[target] or (value == new[target] and s == 1):
+                        new[target], pick[target] = value, s  # ties: checkpoint the earlier block
+            best = new
+            choices.append(pick)
+        out: list[tuple[int, tuple[int, ...]]] = []
+        for k in range(n + 1):
+            statuses: list[int] = []
+            c = k
+            for i in range(n - 1, -1, -1):
+                s = choices[i][c]
+                statuses.append(s)
+                c -= s
+            out.append((int(max(best[k], self._tail_peak(k))), tuple(reversed(statuses))))
+        return out
+
+
+def _group(phase: Phase) -> str:
+    return _FORWARD if phase is Phase.FORWARD else _BACKWARD
+
+
+def _split(graph: LayerGraph, trace: tuple[TraceEvent, ...]) -> tuple[dict[tuple[int, str, int], list[int]], list[int]]:
+    """Block events by (micro-batch, group, block) in order, and the other events in order."""
+    blocks: dict[tuple[int, str, int], list[int]] = defaultdict(list)
+    outside: list[int] = []
+    block_of = graph.block_of
+    for event in trace:
+        block = block_of.get(event.op)
+        if block is None:
+            outside.append(event.live_bytes)
+        else:
+            blocks[(event.micro_batch, _group(event.phase), block)].append(event.live_bytes)
+    return blocks, outside
+
+
+MIN_BLOCKS = 4  # shorter chains are cheap to enumerate with the walk itself
+
+
+def placement_profile(
+    graph: LayerGraph,
+    static: StaticMemory,
+    round_bytes: object,
+    schedule: Schedule,
+    all_checkpointed: Timeline | None = None,
+    policy: CheckpointPolicy = CheckpointPolicy.FULL,
+    save: SaveList = TORCHTITAN_SAVE_LIST,
+    plain: Timeline | None = None,
+) -> PlacementProfile:
+    """Measure the terms with three walks (no block, block 0 only, every block checkpointed with
+    ``policy``) and check, event by event, that every block of each walk is what the terms
+    predict. ``plain``: the walk without checkpointing (with its trace), if the caller has it."""
+    n = graph.model.n_layers
+    if n < MIN_BLOCKS:
+        raise NotDecomposableError(f"{n} blocks: enumerate the placements instead")
+    runs: dict[str, tuple[dict[tuple[int, str, int], list[int]], list[int]]] = {}
+    for name, placed in (("none", ()), ("first", (0,)), ("all", tuple(range(n)))):
+        if name == "all" and all_checkpointed is not None and all_checkpointed.trace:
+            timeline = all_checkpointed  # the caller already walked it
+        elif name == "none" and plain is not None and plain.trace:
+            timeline = plain  # no block checkpointed: the same walk for every policy
+        else:
+            timeline = simulate_step(graph, static, round_bytes,  # type: ignore[arg-type]
+                                     checkpoint_units(n, placed, (), policy, save), schedule, record_trace=True)
+        runs[name] = _split(graph, timeline.trace)
+    first: dict[int, Terms] = {}
+    terms: dict[int, Terms] = {}
+    step: dict[int, dict[tuple[int, str], int]] = {}
+    for status, run in ((0, "none"), (1, "all")):
+        events = runs[run][0]
+        first[status], terms[status], step[status] = {}, {}, {}
+        for (micro, group, block), values in events.items():
+            if block == 1:
+                key = (micro, group)
+                step[status][key] = events[(micro, group, 2)][0] - values[0]
+                terms[status][key] = [v - step[status][key] for v in values]
+                first[status][key] = events[(micro, group, 0)]
+    after = runs["first"][0]
+    terms[_AFTER] = {
+        (micro, group): [v - step[1][(micro, group)] for v in values]
+        for (micro, group, block), values in after.items() if block == 1
+    }
+    checks = (
+        (runs["none"][0], lambda i: [_NONE] * i + [_NONE]),
+        (runs["all"][0], lambda i: [_CKPT] * (i + 1)),
+        (after, lambda i: [_CKPT] + [_AFTER] * i),
+    )
+    last: dict[int, Terms] = {kind: dict(t) for kind, t in terms.items()}
+    for events, kinds_of in checks:  # linearity, event by event
+        for (micro, group, block), values in events.items():
+            if block == 0:
+                continue
+            key = (micro, group)
+            kinds = kinds_of(block)
+            prefix = sum(step[1 if k == _CKPT else 0][key] for k in kinds[:block])
+            if values == [v + prefix for v in terms[kinds[block]][key]]:
+                continue
+            if block == n - 1:  # the last block may differ (FSDP2: no later unit's buffer held)
+                last[kinds[block]][key] = [v - prefix for v in values]
+                continue
+            raise NotDecomposableError(
+                f"block {block} does not repeat block 1 ({micro=}, {group=}); placement needs identical blocks"
+            )
+    outside = [run[1] for run in (runs["none"], runs["first"], runs["all"])]
+    if len({len(o) for o in outside}) != 1:
+        raise NotDecomposableError("the walks outside the blocks differ in length")
+    triples = list(zip(*outside, strict=True))
+    if any((every - one) % (n - 1) for _, one, every in triples):
+        raise NotDecomposableError("events after the blocks do not move by a whole per-block amount")
+    return PlacementProfile(n_blocks=n, first=first, terms=terms, last=last, step=step, outside=triples)

@@ -1,0 +1,203 @@
+"""What is trained (ModelConfig) and how (TrainConfig): frozen, validated, documented fields.
+
+Field names follow the transformers/torchtitan vocabulary; every size is validated here so a
+bad file fails with the field's name rather than deep inside a formula.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from hardware.kernels import AttentionKernel
+from planner.model.checks import shape_problems, with_family_defaults
+from planner.model.kinds import (
+    IMPLEMENTATION_GPT2_ACTIVATION,
+    IMPLEMENTATION_LOSS,
+    MOE_FAMILIES,
+    TORCHTITAN_LOSS_CHUNKS,
+    Activation,
+    AttentionImpl,
+    Family,
+    Implementation,
+    LayerType,
+    LossKind,
+    MlpKind,
+    NormKind,
+    OptimizerImpl,
+    OptimizerKind,
+    PositionKind,
+    QkNorm,
+)
+from planner.model.mla_config import MlaConfig
+from planner.model.moe_config import MoeConfig
+
+__all__ = [
+    "Activation",
+    "AttentionImpl",
+    "Family",
+    "Implementation",
+    "LayerType",
+    "LossKind",
+    "MOE_FAMILIES",
+    "MlpKind",
+    "ModelConfig",
+    "NormKind",
+    "OptimizerImpl",
+    "OptimizerKind",
+    "PositionKind",
+    "QkNorm",
+    "TrainConfig",
+]
+
+
+class ModelConfig(BaseModel):
+    """A decoder-only transformer. Unset architecture fields take the family's defaults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(default="custom", description="label used in reports")
+    family: Family
+    n_layers: PositiveInt = Field(description="number of transformer blocks (L)")
+    d_model: PositiveInt = Field(description="hidden size (D)")
+    n_heads: PositiveInt = Field(description="attention heads (N); d_model must be divisible by it")
+    n_kv_heads: PositiveInt | None = Field(default=None, description="key/value heads (K) for GQA; default n_heads")
+    attention_head_dim: PositiveInt | None = Field(
+        default=None, description="each head's size (H) where it is not d_model / n_heads (transformers' head_dim: "
+        "Qwen3, Mixtral-style configs that set it); q and o then project D <-> N H")
+    d_ff: PositiveInt = Field(description="MLP inner size (F)")
+    vocab_size: PositiveInt = Field(description="vocabulary size (V)")
+    max_seq_len: PositiveInt | None = Field(
+        default=None,
+        description="longest context the positions support: required for learned positions (the table's rows); "
+                    "for rotary ones only a bound, defaulting to the training seq_len",
+    )
+    tie_embeddings: bool | None = Field(default=None, description="LM head shares the token embedding")
+    qkv_bias: bool | None = None
+    attn_out_bias: bool | None = None
+    mlp_bias: bool | None = None
+    norm_bias: bool | None = Field(default=None, description="LayerNorm has a bias (RMSNorm never has one)")
+    norm: NormKind | None = None
+    mlp: MlpKind | None = None
+    positions: PositionKind | None = None
+    norm_eps: float | None = Field(default=None, gt=0)
+    qk_norm: QkNorm | None = Field(default=None, description="RMSNorm on q and k: none, head (Qwen3) or full (OLMoE)")
+    moe: MoeConfig | None = Field(default=None, description="mixture-of-experts MLPs (planner.model.moe_config); "
+                                  "None: every block dense")
+    mla: MlaConfig | None = Field(
+        default=None, description="multi-head latent attention (planner.model.mla_config; DeepSeek-V2/V3) in place of q/k/v "
+        "projections: qkv_bias then sets q_a_proj's and kv_a_proj_with_mqa's biases (DeepSeek's attention_bias); "
+        "None: plain multi-head attention")
+    rope_theta: float = Field(default=10000.0, gt=0)
+    sliding_window: PositiveInt | None = Field(
+        default=None, description="keys a query of a sliding layer sees, itself included (transformers' "
+        "sliding_window: query i sees key j iff i - sliding_window < j <= i); None: no window. The reference model "
+        "runs it as eager attention with a windowed mask (the full T x T square computed, then masked)")
+    layer_types: tuple[LayerType, ...] | None = Field(
+        default=None, description="each block's attention, full_attention or sliding_attention (transformers' "
+        "layer_types); None: every block slides when sliding_window is set (Mistral)")
+    attention_sinks: bool | None = Field(
+        default=None, description="a learned logit per head (its (N,) parameter) joins every row of scores before "
+        "the softmax and its probability is dropped after (gpt-oss); eager attention only")
+    attention: AttentionImpl = Field(default=AttentionImpl.FLASH, description="flash (fused SDPA) or eager")
+    attention_kernel: AttentionKernel | None = Field(
+        default=None,
+        description="the fused kernel that runs flash attention (flash2, flash3, cudnn, flash-triton: "
+                    "llm-foundry's attn_impl: triton); default: the one the "
+                    "hardware profile says PyTorch's SDPA picks there. Prices time only; memory is the same",
+    )
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout probability (embeddings, attention, residual)")
+    implementation: Implementation = Field(
+        default=Implementation.REFERENCE,
+        description="whose code runs the model: reference (roofplan's reference model), hf (transformers) or "
+                    "torchtitan; each saves different tensors (planner.graph.implementations)")
+    activation: Activation | None = Field(
+        default=None,
+        description="the MLP's activation as the implementation computes it (transformers' names); default: the "
+                    "implementation's (hf GPT-2: gelu_new, GPT2Config's default; otherwise gelu_pytorch_tanh, or "
+                    "silu for SwiGLU). The reference model runs every GELU as the fused tanh kernel")
+    loss: LossKind | None = Field(
+        default=None,
+        description="plain, chunked (torchtitan's ChunkedLossWrapper) or fused-linear (Liger's fused linear "
+                    "cross-entropy); default: the implementation's (torchtitan chunked, the others plain)")
+    loss_chunks: PositiveInt | None = Field(
+        default=None, description="sequence chunks of the chunked loss (default 8, torchtitan 0.3.0's num_chunks)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_defaults(cls, data: Any) -> Any:
+        return with_family_defaults(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _shapes_consistent(self) -> ModelConfig:
+        problems = shape_problems(self.model_dump())
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        """H: ``attention_head_dim``, else D / N."""
+        return self.attention_head_dim or self.d_model // self.n_heads
+
+    @property
+    def rope_dim(self) -> int:
+        """The rotated dims of each query/key head: MLA's qk_rope_head_dim, else H."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table (``max_seq_len``; validated present for learned positions)."""
+        if self.max_seq_len is None:
+            raise ValueError(f"{self.name}: a learned position table needs max_seq_len")
+        return self.max_seq_len
+
+    def window(self, block: int) -> int | None:
+        """Block ``block``'s sliding window (None: full causal attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[block] is LayerType.SLIDING:
+            return self.sliding_window
+        return None
+
+    @property
+    def kv_heads(self) -> int:
+        """K (never None after validation)."""
+        return self.n_kv_heads or self.n_heads
+
+
+class TrainConfig(BaseModel):
+    """One optimizer step's workload: sequences of ``seq_len`` tokens, ``global_batch_size`` of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq_len: PositiveInt = Field(description="tokens per sequence (T)")
+    global_batch_size: PositiveInt = Field(description="sequences per optimizer step, over all GPUs")
+    optimizer: OptimizerKind = OptimizerKind.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
+    weight_decay: float = Field(default=0.1, ge=0.0)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch_size
+
+
+def effective_activation(model: ModelConfig) -> Activation:
+    """The activation the implementation computes: the model's, else the implementation's
+    default (the reference runs every GELU as the fused tanh kernel, whatever the field says)."""
+    if model.mlp is MlpKind.SWIGLU:
+        return Activation.SILU
+    if model.implementation is Implementation.REFERENCE:
+        return Activation.GELU_PYTORCH_TANH
+    return model.activation or IMPLEMENTATION_GPT2_ACTIVATION[model.implementation]
+
+
+def effective_loss(model: ModelConfig) -> LossKind:
+    """The loss the model trains with: the file's, else its implementation's default."""
+    return LossKind(model.loss) if model.loss is not None else IMPLEMENTATION_LOSS[model.implementation]
+
+
+def effective_loss_chunks(model: ModelConfig) -> int:
+    """Sequence chunks of the chunked loss: the file's, else torchtitan's default."""
+    return model.loss_chunks or TORCHTITAN_LOSS_CHUNKS

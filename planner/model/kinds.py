@@ -1,0 +1,139 @@
+"""The kinds a model file names (family, norm, MLP, positions, attention implementation, loss,
+optimizer) and each family's defaults for the fields a file leaves out (its published
+architecture: GPT-2 and the Llama-shaped families as transformers builds them)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class Family(StrEnum):
+    GPT2 = "gpt2"
+    LLAMA = "llama"
+    MISTRAL = "mistral"
+    QWEN2 = "qwen2"
+    MIXTRAL = "mixtral"  # Mistral with MoE MLPs
+    QWEN2_MOE = "qwen2_moe"  # Qwen2 with MoE MLPs, a gated shared expert
+    QWEN3_MOE = "qwen3_moe"  # per-head q/k RMSNorm, no biases, MoE MLPs
+    OLMOE = "olmoe"  # q/k RMSNorm over all heads, MoE MLPs
+    DEEPSEEK_V3 = "deepseek_v3"  # multi-head latent attention, sigmoid group-limited router, dense first blocks
+    GPT_OSS = "gpt_oss"  # attention sinks, sliding-window layers, biased clamped-SwiGLU experts
+
+
+class NormKind(StrEnum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class MlpKind(StrEnum):
+    GELU = "gelu"  # up -> GELU(tanh) -> down (GPT-2)
+    SWIGLU = "swiglu"  # silu(gate) * up -> down (Llama, Mistral, Qwen2)
+
+
+class PositionKind(StrEnum):
+    LEARNED = "learned"  # a (max_seq_len, d_model) table added to the token embedding
+    ROTARY = "rotary"  # RoPE applied to q and k inside attention
+
+
+class QkNorm(StrEnum):
+    """RMSNorm on the queries and keys before rotary positions."""
+
+    NONE = "none"
+    HEAD = "head"  # over each head's H values, one (H,) weight (Qwen3)
+    FULL = "full"  # over all heads' N H (K H for keys) values (OLMoE)
+
+
+class LayerType(StrEnum):
+    """A block's attention (transformers' ``layer_types`` values)."""
+
+    FULL = "full_attention"  # causal over the whole sequence
+    SLIDING = "sliding_attention"  # causal over the last ``sliding_window`` keys
+
+
+class AttentionImpl(StrEnum):
+    FLASH = "flash"  # fused SDPA: saves q, k, v, output and a log-sum-exp per row
+    EAGER = "eager"  # matmul, softmax, dropout, matmul: saves the T x T probabilities
+
+
+class Implementation(StrEnum):
+    """Whose code runs the model: each allocates differently (``planner.graph.implementations`` says how,
+    from that library's source at a named version)."""
+
+    REFERENCE = "reference"  # validate/reference_model.py
+    HF = "hf"  # transformers' modeling_gpt2/llama/mistral/qwen2.py (transformers 5.24.0)
+    TORCHTITAN = "torchtitan"  # torchtitan 0.3.0's Llama3Model (family llama only)
+
+
+class Activation(StrEnum):
+    """The MLP's activation as an implementation computes it (transformers' ACT2FN names)."""
+
+    GELU_PYTORCH_TANH = "gelu_pytorch_tanh"  # F.gelu(approximate="tanh"): one fused kernel, saves its input
+    GELU = "gelu"  # F.gelu (exact erf): one fused kernel, saves its input
+    GELU_NEW = "gelu_new"  # transformers' NewGELUActivation: the tanh formula written out in Python
+    GELU_FAST = "gelu_fast"  # transformers' FastGELUActivation: written out in Python
+    SILU = "silu"  # the gate of a SwiGLU MLP
+
+
+class LossKind(StrEnum):
+    """How the LM head and the cross-entropy run (``planner.ops.losses`` prices each)."""
+
+    PLAIN = "plain"  # the whole (B, T, V) logits, upcast to fp32, one F.cross_entropy
+    CHUNKED = "chunked"  # torchtitan 0.3.0's ChunkedLossWrapper: lm_head + loss + backward per sequence chunk
+    FUSED_LINEAR = "fused-linear"  # Liger-Kernel's fused linear cross-entropy: token chunks, no logits kept
+
+
+class OptimizerKind(StrEnum):
+    ADAMW = "adamw"
+    SGD_MOMENTUM = "sgd-momentum"
+    SGD = "sgd"
+
+
+class OptimizerImpl(StrEnum):
+    FOREACH = "foreach"  # torch's default on CUDA: multi-tensor kernels with param-sized temporaries
+    FUSED = "fused"  # one fused kernel, updates in place
+
+
+FAMILY_DEFAULTS: dict[Family, dict[str, Any]] = {
+    Family.GPT2: dict(
+        norm=NormKind.LAYERNORM, mlp=MlpKind.GELU, positions=PositionKind.LEARNED,
+        tie_embeddings=True, qkv_bias=True, attn_out_bias=True, mlp_bias=True, norm_bias=True, norm_eps=1e-5,
+    ),
+    Family.LLAMA: dict(
+        norm=NormKind.RMSNORM, mlp=MlpKind.SWIGLU, positions=PositionKind.ROTARY,
+        tie_embeddings=False, qkv_bias=False, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-5,
+    ),
+    Family.MISTRAL: dict(
+        norm=NormKind.RMSNORM, mlp=MlpKind.SWIGLU, positions=PositionKind.ROTARY,
+        tie_embeddings=False, qkv_bias=False, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-5,
+    ),
+    Family.QWEN2: dict(
+        norm=NormKind.RMSNORM, mlp=MlpKind.SWIGLU, positions=PositionKind.ROTARY,
+        tie_embeddings=False, qkv_bias=True, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-6,
+    ),
+}
+FAMILY_DEFAULTS[Family.MIXTRAL] = dict(FAMILY_DEFAULTS[Family.MISTRAL])
+FAMILY_DEFAULTS[Family.QWEN2_MOE] = dict(FAMILY_DEFAULTS[Family.QWEN2])
+FAMILY_DEFAULTS[Family.QWEN3_MOE] = dict(FAMILY_DEFAULTS[Family.QWEN2], qkv_bias=False, qk_norm=QkNorm.HEAD)
+FAMILY_DEFAULTS[Family.OLMOE] = dict(FAMILY_DEFAULTS[Family.LLAMA], qk_norm=QkNorm.FULL)
+FAMILY_DEFAULTS[Family.DEEPSEEK_V3] = dict(FAMILY_DEFAULTS[Family.LLAMA], norm_eps=1e-6)
+# GptOssAttention: q, k, v and o biased (attention_bias), a sink logit per head
+FAMILY_DEFAULTS[Family.GPT_OSS] = dict(FAMILY_DEFAULTS[Family.LLAMA], qkv_bias=True, attn_out_bias=True,
+                                        attention_sinks=True)
+for _defaults in FAMILY_DEFAULTS.values():
+    _defaults.setdefault("attention_sinks", False)
+MOE_FAMILIES = frozenset({Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.OLMOE, Family.DEEPSEEK_V3,
+                          Family.GPT_OSS})
+
+
+# What each implementation's code runs where a model file does not say (read from its source, at
+# the versions planner.graph.implementations names): its loss, and its GPT-2 MLP's activation.
+IMPLEMENTATION_LOSS: dict[Implementation, LossKind] = {
+    Implementation.REFERENCE: LossKind.PLAIN, Implementation.HF: LossKind.PLAIN,
+    Implementation.TORCHTITAN: LossKind.CHUNKED,  # torchtitan 0.3.0 ChunkedLossWrapper
+}
+IMPLEMENTATION_GPT2_ACTIVATION: dict[Implementation, Activation] = {
+    Implementation.REFERENCE: Activation.GELU_PYTORCH_TANH, Implementation.HF: Activation.GELU_NEW,  # GPT2Config
+    Implementation.TORCHTITAN: Activation.GELU_PYTORCH_TANH,
+}
+TORCHTITAN_LOSS_CHUNKS = 8  # torchtitan 0.3.0 ChunkedLossWrapper.Config.num_chunks

@@ -1,0 +1,186 @@
+"""The mixture-of-experts transformers configs (model_type mixtral, qwen2_moe, qwen3_moe, olmoe;
+deepseek_v3 in ``planner.model.readers.deepseek``):
+what they add to a Llama-like ``config.json``, read into ``ModelConfig`` fields (``moe``,
+``qk_norm``, ``attention_head_dim``, the attention biases). ``planner.model.readers.dense`` reads the rest.
+
+Mapped from transformers 5.24.0's ``configuration_<type>.py`` and ``modeling_<type>.py``:
+
+- mixtral: every block's MLP is ``MixtralSparseMoeBlock``: a router (E x D, no bias), E SwiGLU
+  experts of ``intermediate_size``, top-k weights always renormalized; attention is Mistral's (no
+  biases, ``head_dim`` honoured); ``sliding_window``, when set, windows every layer.
+- qwen2_moe: block i is sparse iff i is not in ``mlp_only_layers`` and (i + 1) %
+  ``decoder_sparse_step`` == 0, else a dense MLP of ``intermediate_size``; a sparse block has E
+  experts of ``moe_intermediate_size``, a shared expert of ``shared_expert_intermediate_size`` and
+  its sigmoid gate (D -> 1, no bias); q/k/v biases follow ``qkv_bias`` (o_proj has none).
+- qwen3_moe: Qwen2-MoE's layout without shared experts; ``attention_bias`` sets q, k, v and o;
+  RMSNorm over each head's ``head_dim`` values of q and k (``q_norm``/``k_norm``, (H,) weights).
+- olmoe: every block sparse, E experts of ``intermediate_size``; ``attention_bias`` sets q, k, v
+  and o; RMSNorm over all of q (D) and all of k (K D / N) before RoPE.
+
+The load-balancing loss is added to the loss (``router_aux_loss_coef`` x aux) only when the
+model's forward returns router logits, i.e. when the config's ``output_router_logits`` is true;
+otherwise no aux loss is computed, so ``aux_loss_coef`` is then 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from planner.errors import ConfigError
+from planner.model.config import QkNorm
+from planner.model.readers.deepseek import DEEPSEEK_DEFAULTS, deepseek_fields
+from planner.model.readers.fields import hf_bool, hf_float, hf_int, refuse_rope_types
+from planner.model.readers.gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_fields
+
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss")
+
+# Model types read far enough to say why they cannot be planned.
+REFUSED_TYPES: dict[str, str] = {
+}
+
+# transformers' defaults (MixtralConfig / Qwen2MoeConfig / Qwen3MoeConfig / OlmoeConfig) for the keys
+# a config.json may omit; tests check these against the installed transformers.
+_COMMON = {"tie_word_embeddings": False, "hidden_act": "silu", "attention_dropout": 0.0, "output_router_logits": False}
+MOE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mixtral": {
+        **_COMMON, "max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+        "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001,
+        "router_jitter_noise": 0.0,
+    },
+    "qwen2_moe": {
+        **_COMMON, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "num_key_value_heads": 16, "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1, "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.001, "qkv_bias": True, "use_sliding_window": False, "max_window_layers": 28,
+    },
+    "qwen3_moe": {
+        **_COMMON, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+        "decoder_sparse_step": 1, "norm_topk_prob": False, "router_aux_loss_coef": 0.001, "attention_bias": False,
+        "use_sliding_window": False, "sliding_window": 4096,
+    },
+    "olmoe": {
+        **_COMMON, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "num_key_value_heads": None, "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.01, "attention_bias": False,
+    },
+    "deepseek_v3": DEEPSEEK_DEFAULTS,
+    "gpt_oss": GPT_OSS_DEFAULTS,  # planner.model.readers.gpt_oss reads its fields
+}
+
+# The key holding E, then the alias transformers' attribute_map also reads (Qwen2MoeConfig has none:
+# it ignores num_local_experts).
+_EXPERT_KEYS = {
+    "mixtral": ("num_local_experts", "num_experts"),
+    "qwen2_moe": ("num_experts",),
+    "qwen3_moe": ("num_experts", "num_local_experts"),
+    "olmoe": ("num_experts", "num_local_experts"),
+}
+_CLASSES = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe"}
+
+
+def moe_fields(
+    data: Mapping[str, Any], model_type: str, *, n_layers: int, d_model: int, n_heads: int, d_ff: int, context: str
+) -> dict[str, Any]:
+    """The ModelConfig fields a MoE config.json sets beyond the Llama-like ones (``d_ff`` is its
+    ``intermediate_size``); a ConfigError naming the key for what the planner cannot express."""
+    if model_type == "deepseek_v3":  # planner.model.readers.deepseek
+        return deepseek_fields(data, n_heads=n_heads, context=context)
+    if model_type == "gpt_oss":
+        return gpt_oss_fields(data, n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_ff=d_ff, context=context)
+    defaults = MOE_DEFAULTS[model_type]
+    _refuse_unmodelled(data, model_type, n_layers, context)
+    if model_type in ("qwen2_moe", "qwen3_moe") and "num_key_value_heads" in data and data["num_key_value_heads"] is None:
+        raise ConfigError(f"{context}: num_key_value_heads: null is rejected by transformers' {_CLASSES[model_type]}"
+                          "Config (no MHA fallback); give the number of KV heads")
+    keys = _EXPERT_KEYS[model_type]
+    expert_key = next((key for key in keys if data.get(key) is not None), keys[0])
+    n_experts = hf_int(data, expert_key, context, default=defaults[keys[0]])
+    top_k = hf_int(data, "num_experts_per_tok", context, default=defaults["num_experts_per_tok"])
+    if top_k > n_experts:
+        raise ConfigError(f"{context}: num_experts_per_tok: {top_k} exceeds {expert_key} = {n_experts}; a token is "
+                          "routed to at most every expert")
+    moe: dict[str, Any] = {"n_experts": n_experts, "top_k": top_k}
+    if model_type in ("mixtral", "olmoe"):
+        moe["d_ff_expert"] = d_ff  # their experts are intermediate_size wide; no block is dense
+    else:
+        moe["d_ff_expert"] = hf_int(data, "moe_intermediate_size", context, default=defaults["moe_intermediate_size"])
+        moe["first_dense_layers"], moe["every"] = _sparse_layout(data, n_layers, context)
+    if model_type == "qwen2_moe":  # Qwen2MoeSparseMoeBlock: a shared expert and its sigmoid gate, always
+        key = "shared_expert_intermediate_size"
+        moe.update(shared_d_ff=hf_int(data, key, context, default=defaults[key]), shared_gate=True)
+    # MixtralTopKRouter always renormalizes the top-k weights; the others follow norm_topk_prob
+    moe["norm_topk_prob"] = model_type == "mixtral" or hf_bool(data, "norm_topk_prob", context, defaults["norm_topk_prob"])
+    # the aux loss is computed and added only when output_router_logits is true (module docstring)
+    if hf_bool(data, "output_router_logits", context, defaults["output_router_logits"]):
+        moe["aux_loss_coef"] = hf_float(data, "router_aux_loss_coef", context, defaults["router_aux_loss_coef"])
+    fields: dict[str, Any] = {"moe": moe, "mlp_bias": False, "qk_norm": QkNorm.NONE}
+    if model_type == "mixtral":
+        fields.update(qkv_bias=False, attn_out_bias=False)
+    elif model_type == "qwen2_moe":
+        fields.update(qkv_bias=hf_bool(data, "qkv_bias", context, defaults["qkv_bias"]), attn_out_bias=False)
+    else:
+        bias = hf_bool(data, "attention_bias", context, defaults["attention_bias"])
+        fields.update(qkv_bias=bias, attn_out_bias=bias)
+        fields["qk_norm"] = QkNorm.HEAD if model_type == "qwen3_moe" else QkNorm.FULL
+    head_dim = hf_int(data, "head_dim", context, default=d_model // n_heads) if data.get("head_dim") is not None else None
+    if head_dim is not None and head_dim * n_heads != d_model:
+        if model_type == "olmoe":
+            raise ConfigError(f"{context}: head_dim: {head_dim} differs from hidden_size / num_attention_heads = "
+                              f"{d_model} / {n_heads}; OlmoeAttention's q/k norms span hidden_size and cannot run it; "
+                              "drop head_dim")
+        fields["attention_head_dim"] = head_dim
+    return fields
+
+
+def _sparse_layout(data: Mapping[str, Any], n_layers: int, context: str) -> tuple[int, int]:
+    """(first_dense_layers, every) giving exactly the sparse blocks of transformers' rule: block i is
+    sparse iff i is not in ``mlp_only_layers`` and (i + 1) % ``decoder_sparse_step`` == 0."""
+    every = hf_int(data, "decoder_sparse_step", context, default=1)
+    raw = data.get("mlp_only_layers")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in raw):
+        raise ConfigError(f"{context}: mlp_only_layers: expected a list of block indices, got {raw!r}")
+    sparse = {i for i in range(n_layers) if i not in raw and (i + 1) % every == 0}
+    for first in range(n_layers + 1):
+        if sparse == {i for i in range(first, n_layers) if (i + 1) % every == 0}:
+            return first, every
+    dense = sorted({i for i in raw if 0 <= i < n_layers})
+    raise ConfigError(f"{context}: mlp_only_layers: dense blocks {dense} are not the first blocks; the planner keeps "
+                      "dense MLPs only in a leading run of blocks (besides decoder_sparse_step); list only blocks "
+                      "0, 1, ... there")
+
+
+def _refuse_unmodelled(data: Mapping[str, Any], model_type: str, n_layers: int, context: str) -> None:
+    """One line naming the key, for what transformers would run but the planner cannot price."""
+    refuse_rope_types(data, context, (None, "default"), "(the planner prices plain RoPE)",
+                      "remove {key} or set its rope_type to default")
+    window_hint = "sliding-window attention is not modelled yet; "
+    if model_type in ("mixtral", "olmoe") and data.get("sliding_window") is not None:
+        # MixtralAttention windows every layer; OlmoeAttention hands it to the attention kernel
+        raise ConfigError(f"{context}: sliding_window: {data['sliding_window']!r}: {window_hint}set it to null to "
+                          "plan full causal attention")
+    if model_type == "qwen2_moe":
+        layer_types = data.get("layer_types")
+        if layer_types is not None:
+            if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
+                raise ConfigError(f"{context}: layer_types: only full_attention layers are modelled ({window_hint}"
+                                  "drop layer_types or list full_attention only)")
+        elif hf_bool(data, "use_sliding_window", context, False):
+            # Qwen2MoeConfig: layer i slides iff use_sliding_window and i is even and i < max_window_layers
+            max_window = data.get("max_window_layers")
+            max_window = MOE_DEFAULTS["qwen2_moe"]["max_window_layers"] if max_window is None else max_window
+            if isinstance(max_window, bool) or not isinstance(max_window, int):
+                raise ConfigError(f"{context}: max_window_layers: expected an integer, got {max_window!r}")
+            if any(i % 2 == 0 and i < max_window for i in range(n_layers)):
+                raise ConfigError(f"{context}: use_sliding_window: {window_hint}set it to false")
+    if model_type == "qwen3_moe" and hf_bool(data, "use_sliding_window", context, False):
+        if data.get("sliding_window", MOE_DEFAULTS["qwen3_moe"]["sliding_window"]) is not None:
+            raise ConfigError(f"{context}: use_sliding_window: {window_hint}set it to false")
+    if model_type == "mixtral" and hf_float(data, "router_jitter_noise", context, 0.0):
+        raise ConfigError(f"{context}: router_jitter_noise: the router's input jitter (a noise tensor per block in "
+                          "training) is not modelled; set it to 0")
+    if model_type == "olmoe" and data.get("clip_qkv") is not None:
+        raise ConfigError(f"{context}: clip_qkv: clamping q, k and v is not modelled; set it to null")

@@ -1,0 +1,1 @@
+"""How ranks share the work: one strategy per data-parallel way (single GPU, DDP/ZeRO-1, FSDP2) with its mechanism beside it, tensor, context and expert parallelism, and the collectives' ring model."""

@@ -1,0 +1,121 @@
+"""ZeRO-2/3 as FSDP2 runs them (``fully_shard`` per block and on the root): the strategy over
+``planner.parallel.fsdp_units``'s layout, static memory, walk hooks and collectives.
+
+``reshard_after_forward`` False (sharding ``gradients``, ZeRO-2) keeps a unit's gathered
+parameters from its forward to its backward; True (``full``, ZeRO-3) frees them after the forward
+and gathers them again for the backward. bf16-mixed runs as ``MixedPrecisionPolicy(param_dtype=
+bf16, reduce_dtype=fp32)``: the step computes in bf16 on gathered bf16 parameters, without
+autocast (the bf16-true graph), while shards, gradients and AdamW state stay fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hardware.profile import HardwareProfile
+from planner.cache import IdentityCache
+from planner.graph.layer_graph import LayerGraph
+from planner.memory.engine import StaticMemory
+from planner.memory.step import buffer_bytes
+from planner.ops.base import ParamTensor
+from planner.parallel.base import SingleDevice, refuse
+from planner.parallel.collectives import ParallelConfig
+from planner.parallel.fsdp_engine import fsdp_static
+from planner.parallel.fsdp_units import (
+    FSDP_PRECISIONS,
+    FsdpLayout,
+    fsdp_bytes_moved,
+    fsdp_collectives,
+    fsdp_layout,
+    shard_fraction,
+)
+from planner.plan.knobs import GradSync, Knobs
+from planner.plan.optimizer import OptimizerSpec
+from planner.plan.parallel_dims import Group
+from planner.precision import PrecisionPolicy, PrecisionSpec, precision_spec
+from planner.timing.step_time import Collectives
+
+_LAYOUTS: IdentityCache[FsdpLayout] = IdentityCache()
+_COLLECTIVES: IdentityCache[Collectives] = IdentityCache()
+
+
+class Fsdp2(SingleDevice):
+    """FSDP2 over the data-parallel shard dimension (and the context-parallel ranks with it)."""
+
+    allows_segments = False  # a segment's recompute would re-gather every block of it: not modelled
+    communicates = True
+    runtime = "FSDP2"
+    shards_params = True
+    shards_state = True
+
+    def describe(self, knobs: Knobs) -> str:
+        kept = ("each block's params gathered for its forward and again for its backward" if self.reshard_after_forward
+                else "each block's params gathered from its forward to its backward")
+        sync = ("; gradients reduce-scattered after the last micro-batch only (set_requires_gradient_sync), every "
+                "unsharded gradient held until then" if knobs.fsdp_grad_sync is GradSync.LAST else "")
+        return f"FSDP2 (everything sharded; {kept}){sync}"
+
+    def gradients(self, knobs: Knobs) -> str:
+        if knobs.fsdp_grad_sync is GradSync.LAST:
+            return "sharded, reduce-scattered once per step; unsharded copies held between micro-batches are in the peak"
+        return "sharded, reduce-scattered after every micro-batch"
+
+    def __init__(self, reshard_after_forward: bool) -> None:
+        self.reshard_after_forward = reshard_after_forward
+        self.stage = 3 if reshard_after_forward else 2
+        self.label = f"ZeRO-{self.stage}: FSDP2"
+
+    def check(self, knobs: Knobs) -> None:
+        if not self.runs(knobs.precision):
+            allowed = ", ".join(p.value for p in FSDP_PRECISIONS)
+            refuse("precision", f"{knobs.precision.value} with ZeRO-{self.stage} (FSDP2) is not modelled (FSDP2 "
+                   f"needs a sharded grad scaler for fp16 and Float8 training for fp8); use {allowed}, or ZeRO-0/1")
+        if knobs.checkpoint_segments:
+            refuse("checkpoint_segments", "segments of several blocks under FSDP2 re-gather every block of a segment "
+                   "during its recompute, which is not modelled; checkpoint blocks one by one (checkpoint_blocks)")
+
+    def runs(self, precision: PrecisionPolicy) -> bool:
+        return precision in FSDP_PRECISIONS
+
+    def compute_spec(self, precision: PrecisionPolicy) -> PrecisionSpec:
+        if precision is PrecisionPolicy.BF16_MIXED:
+            return precision_spec(PrecisionPolicy.BF16_TRUE)
+        return precision_spec(precision)
+
+    def layout(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> FsdpLayout:
+        """FSDP2 units of ``graph`` (built in ``compute_spec``'s precision); shards keep the policy's
+        parameter dtype (fp32 for bf16-mixed)."""
+        stored = precision_spec(knobs.precision).param_dtype
+        ranks, experts = knobs.parallel.fsdp_ranks, knobs.parallel.expert_shard_ranks
+        return _LAYOUTS.get((graph, hw), (ranks, self.stage, stored, knobs.fsdp_grad_sync, experts),
+                            lambda: fsdp_layout(graph, ranks, self.stage, stored, hw.round_alloc, knobs.fsdp_grad_sync,
+                                                experts))
+
+    def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
+               base: StaticMemory) -> StaticMemory:
+        return fsdp_static(self.layout(graph, knobs, hw), opt.state_tensors_per_param, opt.step_temporaries_per_param,
+                           opt.device_step_scalar, base.data_bytes, hw.round_alloc,
+                           buffers=buffer_bytes(graph, hw.round_alloc))
+
+    def optimizer_shard_fraction(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
+        return shard_fraction(self.layout(graph, knobs, hw), graph.n_params)
+
+    def _group(self, knobs: Knobs, gpus_per_node: int) -> ParallelConfig:
+        return ParallelConfig(world_size=knobs.parallel.fsdp_ranks,
+                              gpus_per_node=knobs.parallel.ranks_per_node(Group.FSDP, gpus_per_node))
+
+    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> Collectives:
+        layout = self.layout(graph, knobs, hw)
+        group = self._group(knobs, gpus_per_node)
+        return _COLLECTIVES.get((layout, hw), (group,), lambda: fsdp_collectives(layout, hw, group))
+
+    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> float:
+        return fsdp_bytes_moved(self.layout(graph, knobs, hw), self._group(knobs, gpus_per_node),
+                                knobs.grad_accum_steps)
+
+    def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,
+                                hw: HardwareProfile, state_tensors_per_param: int) -> int:
+        """Rank 0 holds at least 1/N of each tensor as parameters, each state tensor and (after the
+        first micro-batch) the sharded gradient."""
+        shards = sum(p.numel * spec.param_dtype.n_bytes // knobs.parallel.fsdp_ranks for p in tensors.values())
+        return shards * (1 + state_tensors_per_param) + (shards if knobs.grad_accum_steps > 1 else 0)

@@ -1,0 +1,338 @@
+"""``estimate``: the exact account of one configuration — FLOPs, memory timeline, step time.
+
+FLOPs convention (README): ``model_flops_per_step`` counts every matmul and attention product
+as ``torch.utils.flop_counter.FlopCounterMode`` does (2 per multiply-add, the full T x T
+scores, backward = 2 x forward) and excludes recomputation; ``hardware_flops_per_step`` adds
+the forward FLOPs that activation checkpointing runs again. MFU = model FLOPs / (step time x
+dense peak of the plan's matmul precision x GPUs) (PaLM, Chowdhery et al. 2022, appendix B).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware.dtypes import DType
+from hardware.profile import HardwareProfile
+from hardware.roofline import Bound
+from planner.cache import IdentityCache
+from planner.errors import ConfigError, UnsupportedPrecisionError
+from planner.graph.layer_graph import LayerGraph, build_graph
+from planner.memory.step import Category, Phase, StaticMemory, checkpoint_units, static_memory
+from planner.model.config import AttentionImpl, ModelConfig, TrainConfig
+from planner.parallel.context import local_seq_len, shard_context_parallel
+from planner.parallel.expert import shard_experts
+from planner.parallel.fsdp_units import FsdpLayout
+from planner.parallel.strategies import Fsdp2, strategy_for
+from planner.parallel.tensor import rank_description
+from planner.plan.checkpointing import CONTEXT_PARALLEL_REFUSAL, modelled_with_context_parallelism
+from planner.plan.knobs import Knobs
+from planner.plan.layouts import check_layout
+from planner.plan.optimizer import optimizer_spec
+from planner.plan.parallel_dims import Group
+from planner.plan.schedule import Schedule
+from planner.precision import PrecisionSpec, precision_spec
+from planner.program.step_program import RankProgram, StepProgram, placed
+from planner.timing.op_times import (
+    OpGroup,
+    OpRoofline,
+    OpTimes,
+    TimeBreakdown,
+    group_ops,
+    op_rooflines_of,
+    op_times,
+    optimizer_time_s,
+    step_time,
+)
+
+
+class MemoryBreakdown(BaseModel):
+    """Memory of one steady-state step on one GPU."""
+
+    model_config = ConfigDict(frozen=True)
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int  # saved for backward at the end of one micro-batch's forward, logits excluded
+    logits_bytes: int  # logits-family tensors alive at the end of one micro-batch's forward
+    data_bytes: int
+    peak_allocated_bytes: int  # what torch.cuda.max_memory_allocated() would read
+    device_bytes: int  # peak x fragmentation allowance + runtime reserve: checked against the cap
+    hbm_cap_bytes: int
+    fits: bool
+    peak_phase: Phase
+    peak_op: str
+    peak_micro_batch: int
+    at_peak: dict[Category, int]  # what is live at the peak, by category (sums to the peak)
+
+
+class Estimate(BaseModel):
+    """Predicted figures for one (model, workload, hardware, knobs)."""
+
+    model_config = ConfigDict(frozen=True)
+    hardware: str
+    n_params: int
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+    op_groups: tuple[OpGroup, ...]  # the per-op roofline summed over blocks, slowest first
+    limiting_bound: Bound
+    ops: tuple[OpRoofline, ...] = Field(default=(), exclude=True, repr=False)  # every op, per micro-batch
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+
+def compute_spec(knobs: Knobs) -> PrecisionSpec:
+    """The precision the step computes in: the policy's, unless the data-parallel strategy runs it
+    otherwise (FSDP2 runs bf16-mixed as the bf16-true graph on fp32 shards)."""
+    return strategy_for(knobs.parallel).compute_spec(knobs.precision)
+
+
+def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> PrecisionSpec:
+    """Reject knobs that cannot describe this workload on this device; return the precision the
+    step computes in (``compute_spec``: what the graph is built with)."""
+    if knobs.sequences_per_step != training.global_batch_size:
+        raise ConfigError(
+            f"knobs: micro_batch_size {knobs.micro_batch_size} x grad_accum_steps {knobs.grad_accum_steps} x "
+            f"data_parallel {knobs.data_parallel} = {knobs.sequences_per_step} sequences, but "
+            f"training.global_batch_size is {training.global_batch_size}; choose a micro-batch that divides it"
+        )
+    strategy_for(knobs.parallel).check(knobs)
+    policies = {knobs.checkpoint_policy, *knobs.policy_overrides.values()}
+    if knobs.checkpoint_blocks and not all(modelled_with_context_parallelism(p, knobs.parallel.cp) for p in policies):
+        raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
+    check_layout(model, training.seq_len, knobs.parallel)
+    outside = [b for b in knobs.checkpointed if b >= model.n_layers]
+    if outside:
+        raise ConfigError(
+            f"knobs.checkpoint_blocks: block {outside[0]} does not exist; the model has blocks 0..{model.n_layers - 1}"
+        )
+    kernel = model.attention_kernel
+    if model.attention is AttentionImpl.FLASH and kernel is not None and kernel not in hw.attention_kernels:
+        runs = ", ".join(k.value for k in hw.attention_kernels)
+        raise ConfigError(f"attention_kernel: {kernel.value} does not run on {hw.name} (it runs {runs}); name one of "
+                          "those in the model file, or leave attention_kernel out for the one PyTorch picks there")
+    spec = compute_spec(knobs)
+    if not hw.supports(spec.matmul_precision):
+        runs = ", ".join(p.value for p in hw.precisions)
+        raise UnsupportedPrecisionError(
+            f"precision: {knobs.precision.value} needs {spec.matmul_precision.value} matmuls, which {hw.name} "
+            f"does not run (it runs {runs})"
+        )
+    return spec
+
+
+_NO_STATIC = StaticMemory(params_bytes=0, optimizer_bytes=0, data_bytes=0, grads_bytes=0, optimizer_step_temp_bytes=0)
+_NO_TIMES = OpTimes(names=(), fwd_s=(), bwd_s=(), lower_bound_s=(), fwd_lower_bound_s=())
+_ROOFLINES: IdentityCache[tuple[OpRoofline, ...]] = IdentityCache()
+_GROUPS: IdentityCache[tuple[OpGroup, ...]] = IdentityCache()
+_TIMES: IdentityCache[OpTimes] = IdentityCache()
+
+
+@lru_cache(maxsize=64)
+def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSpec, tp: int = 1, sp: bool = False,
+                 tp_ranks_per_node: int = 1, cp: int = 1, cp_ranks_per_node: int = 1, ep: int = 1,
+                 ep_ranks_per_node: int = 1) -> LayerGraph:
+    """One rank's graph: the model's description as tensor and context parallelism shard it
+    (``planner.parallel.tensor``, ``planner.parallel.context``; ``seq_len`` is the rank's
+    share of each sequence), each op priced by its formula."""
+    desc = shard_context_parallel(rank_description(model, tp, sp, tp_ranks_per_node), cp, cp_ranks_per_node)
+    desc = shard_experts(desc, ep, ep_ranks_per_node)
+    return build_graph(model, batch, seq_len, spec, desc)
+
+
+def rank_graph(model: ModelConfig, training: TrainConfig, knobs: Knobs, spec: PrecisionSpec,
+               gpus_per_node: int = 8) -> LayerGraph:
+    """The graph of one rank of ``knobs``' layout (its micro-batch, its tokens of each sequence,
+    its shard of the model)."""
+    dims = knobs.parallel
+    return cached_graph(model, knobs.micro_batch_size, local_seq_len(training.seq_len, dims), spec, dims.tp, dims.sp,
+                        dims.ranks_per_node(Group.TP, gpus_per_node), dims.cp, dims.ranks_per_node(Group.CP, gpus_per_node),
+                        dims.ep, dims.ranks_per_node(Group.EP, gpus_per_node))
+
+
+def op_rooflines(graph: LayerGraph, hw: HardwareProfile) -> tuple[OpRoofline, ...]:
+    """Every op's roofline for one micro-batch (cached per graph and device)."""
+    precision = graph.precision.matmul_precision
+    return _ROOFLINES.get((graph, hw), (), lambda: op_rooflines_of(graph.nodes, precision, hw))
+
+
+def times_of(graph: LayerGraph, hw: HardwareProfile) -> OpTimes:
+    """Per-op times for one micro-batch (cached per graph and device)."""
+    return _TIMES.get((graph, hw), (), lambda: op_times(graph.nodes, graph.precision.matmul_precision, hw))
+
+
+def timing(
+    graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, schedule: Schedule, recomputed: frozenset[str],
+    shard_fraction: float = 1.0, state_dtype: DType | None = None,
+) -> tuple[OpTimes, TimeBreakdown]:
+    """Step time of a graph given which ops the checkpointing re-runs (no memory walk needed);
+    ``shard_fraction`` of the parameters is what this rank's optimizer updates, stored in
+    ``state_dtype`` (default: the graph's parameter dtype)."""
+    times = times_of(graph, hw)
+    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
+    return times, step_time(times, recomputed, schedule,
+                            optimizer_time_s(graph, opt, hw, shard_fraction, state_dtype))
+
+
+def rank_timing(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs,
+                recomputed: frozenset[str]) -> tuple[OpTimes, TimeBreakdown]:
+    """``timing`` of one rank: its optimizer updates its own share, in the stored dtype."""
+    return timing(graph, hw, training, knobs.schedule, recomputed,
+                  shard_fraction=optimizer_shard_fraction(graph, knobs, hw),
+                  state_dtype=precision_spec(knobs.precision).param_dtype)
+
+
+def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
+    """The share of the parameters this rank's optimizer updates (ZeRO-1: its largest partition;
+    FSDP2: its padded shards)."""
+    return strategy_for(knobs.parallel).optimizer_shard_fraction(graph, knobs, hw)
+
+
+def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
+                       time: TimeBreakdown) -> TimeBreakdown:
+    """The step time with the data-parallel collectives placed on the rank's timeline
+    (``planner.timing.step_time``; nothing to place on one GPU): what compute does not hide, and the
+    compute that collectives overlap running ``overlap_compute_slowdown`` slower while they do
+    (the profile's published measurement)."""
+    return placed(time, _rank_program(graph, hw, knobs, gpus_per_node, time), hw)
+
+
+def _rank_program(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
+                  time: TimeBreakdown) -> RankProgram:
+    """The parts of a rank's program that place its collectives (no walk, no op times needed)."""
+    return RankProgram(graph=graph, static=_NO_STATIC, schedule=knobs.schedule,
+                       collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs, gpus_per_node),
+                       times=_NO_TIMES, optimizer_s=(time.optimizer_s, 0.0), ranks=knobs.parallel.world_size)
+
+
+def step_program(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs,
+                 gpus_per_node: int = 8) -> StepProgram:
+    """The step program of ``knobs`` (checked): every rank's graph, static memory and engine,
+    schedule, collectives and op times, and the plan's checkpoint units."""
+    spec = check_knobs(model, training, hw, knobs)
+    graph = rank_graph(model, training, knobs, spec, gpus_per_node)
+    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
+    rank = RankProgram(
+        graph=graph, static=static_for(graph, hw, training, knobs), schedule=knobs.schedule,
+        collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs, gpus_per_node),
+        times=times_of(graph, hw),
+        optimizer_s=optimizer_time_s(graph, opt, hw, optimizer_shard_fraction(graph, knobs, hw),
+                                     precision_spec(knobs.precision).param_dtype),
+        ranks=knobs.parallel.world_size)
+    units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
+                             knobs.checkpoint_policy, knobs.save_list, knobs.policy_overrides)
+    return StepProgram(ranks=(rank,), units=units, hw=hw)
+
+
+def layout_for(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> FsdpLayout:
+    """FSDP2 units of ``graph`` for ZeRO-2/3 knobs (``Fsdp2.layout``)."""
+    strategy = strategy_for(knobs.parallel)
+    if not isinstance(strategy, Fsdp2):
+        raise ValueError(f"layout_for: {strategy.label} has no FSDP2 layout")
+    return strategy.layout(graph, knobs, hw)
+
+
+def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs) -> StaticMemory:
+    """Parameters, optimizer state, data batch and step temporaries of one rank: the whole model's
+    (``static_memory``) as the data-parallel strategy holds it (``planner.parallel.strategies``)."""
+    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
+    static = static_memory(
+        graph,
+        hw.round_alloc,
+        opt.state_tensors_per_param,
+        opt.step_temporaries_per_param,
+        opt.device_step_scalar,
+        data_sequences=knobs.micro_batch_size * knobs.grad_accum_steps,
+        data_seq_len=training.seq_len,  # sharded in place under context parallelism: the storage keeps T
+    )
+    return strategy_for(knobs.parallel).static(graph, hw, knobs, opt, static)
+
+
+def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> int:
+    """Bytes every placement of these knobs reaches, found without building the graph.
+
+    At the log-softmax of the last micro-batch, whatever is checkpointed, these are live:
+    parameters, optimizer state, the data batch, every gradient if an earlier micro-batch
+    exists (DDP: always; FSDP2: sharded), and two fp32 (B*T, V) tensors (the logits in fp32 and
+    their log-softmax).
+    """
+    spec = precision_spec(knobs.precision)
+    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
+    dims = knobs.parallel
+    tensors = rank_description(model, dims.tp, dims.sp, 1).params  # sizes only
+    model_state = strategy_for(dims).model_state_lower_bound(tensors, spec, knobs, hw, opt.state_tensors_per_param)
+    data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
+    vocab = math.ceil(model.vocab_size / dims.tp)  # loss_parallel: this rank's share of the vocabulary
+    tokens = knobs.micro_batch_size * local_seq_len(training.seq_len, dims)
+    logits = 2 * hw.round_alloc(tokens * vocab * 4)
+    return model_state + data + logits
+
+
+def device_bytes(peak_allocated_bytes: int, hw: HardwareProfile) -> int:
+    """What the device needs for a peak: fragmentation allowance and runtime reserve added."""
+    return int(peak_allocated_bytes * hw.fragmentation_factor) + hw.runtime_reserve_bytes
+
+
+def estimate(
+    model: ModelConfig,
+    training: TrainConfig,
+    hw: HardwareProfile,
+    knobs: Knobs,
+    hbm_cap_bytes: int | None = None,
+    gpus_per_node: int = 8,
+) -> Estimate:
+    """Everything about one configuration: its memory timeline, FLOPs and roofline step time."""
+    program = step_program(model, training, hw, knobs, gpus_per_node)
+    rank = program.busiest
+    graph, static = rank.graph, rank.static
+    spec = graph.precision
+    timeline = program.walk()
+    time = program.time(timeline.recomputed_ops)
+    ops = op_rooflines(graph, hw)
+    model_flops = program.model_flops_per_step()
+    hardware_flops = program.hardware_flops_per_step({0: timeline.recompute_flops})
+    peak_flops = hw.peak_flops_per_s[spec.matmul_precision] * program.world_size
+    cap = hbm_cap_bytes if hbm_cap_bytes is not None else hw.hbm_bytes
+    peak = timeline.peak.bytes
+    device = device_bytes(peak, hw)
+    memory = MemoryBreakdown(
+        params_bytes=static.params_bytes,
+        grads_bytes=static.grads_bytes,
+        optimizer_bytes=static.optimizer_bytes,
+        activations_bytes=timeline.activations_bytes,
+        logits_bytes=timeline.logits_bytes,
+        data_bytes=static.data_bytes,
+        peak_allocated_bytes=peak,
+        device_bytes=device,
+        hbm_cap_bytes=cap,
+        fits=device <= cap,
+        peak_phase=timeline.peak.phase,
+        peak_op=timeline.peak.op,
+        peak_micro_batch=timeline.peak.micro_batch,
+        at_peak=timeline.peak.breakdown,
+    )
+    compute_s = sum(op.fwd_time_s + op.bwd_time_s for op in ops if op.bound is Bound.COMPUTE)
+    memory_s = sum(op.fwd_time_s + op.bwd_time_s for op in ops if op.bound is Bound.MEMORY) + time.optimizer_s
+    return Estimate(
+        hardware=hw.name,
+        n_params=graph.n_params,
+        step_time_s=time.step_time_s,
+        tokens_per_s=training.tokens_per_step / time.step_time_s,
+        mfu=model_flops / (time.step_time_s * peak_flops),
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hardware_flops,
+        time=time,
+        memory=memory,
+        ops=ops,
+        op_groups=_GROUPS.get((graph, hw), (knobs.grad_accum_steps,), lambda: group_ops(ops, knobs.grad_accum_steps)),
+        limiting_bound=Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY,
+    )

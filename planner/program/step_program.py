@@ -1,0 +1,111 @@
+"""The step program of one plan point: what every rank runs, in what order, holding what.
+
+A ``StepProgram`` is built once per point (``planner.program.estimate.step_program``) and shared by
+everything that prices it: the memory walk (``walk``: the one event loop of
+``planner.memory.step.simulate_step`` over the rank's graph, its engine's hooks and the schedule), the
+step time (``time``: the rank's timeline, ``planner.timing.step_time``) and the search, which walks
+the same program with other checkpoint placements. Each ``RankProgram`` is one kind of rank:
+its graph (its share of the model: the tensor-, context- and expert-parallel shard of its
+stage(s)), its static memory and engine, its schedule, its collectives and how many ranks run
+it. Until pipeline stages exist every rank runs the same program, so there is one, run by every
+GPU; FLOPs are counted per rank kind, times the ranks that run it, so a stage's logits and loss
+are counted only where they run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hardware.profile import HardwareProfile
+from planner.graph.layer_graph import LayerGraph
+from planner.memory.engine import StaticMemory
+from planner.memory.step import simulate_step
+from planner.memory.types import Phase, Timeline
+from planner.ops.base import OpVariant
+from planner.plan.schedule import Schedule
+from planner.timing.op_times import OpTimes, TimeBreakdown, step_time
+from planner.timing.step_time import Collectives, rank_timeline
+
+
+@dataclass(frozen=True)
+class RankProgram:
+    """One kind of rank: what it holds and runs in a step, and how many ranks run it."""
+
+    graph: LayerGraph  # its share of the model, per micro-batch
+    static: StaticMemory  # what it holds for the whole step, and its engine
+    schedule: Schedule  # its (micro-batch, phase) events
+    collectives: Collectives  # its data-parallel collectives around each micro-batch
+    times: OpTimes  # its ops' times for one micro-batch
+    optimizer_s: tuple[float, float]  # its optimizer step (estimate, lower bound)
+    ranks: int  # ranks that run this program
+
+    def model_flops_per_micro_batch(self) -> float:
+        """FLOPs of one micro-batch on this rank (FlopCounterMode's convention, no recompute); an
+        op every rank of its group runs whole (a MoE router under TP) counted once per group."""
+        total = 0.0
+        for op in self.graph.nodes:
+            if not op.cost.has_backward:
+                continue
+            flops = op.cost.fwd_flops + op.cost.bwd_flops
+            if op.spec.variant is OpVariant.REPLICATED_WEIGHT:
+                flops /= op.spec.group_size
+            total += flops
+        return total
+
+    def executed_flops_per_micro_batch(self) -> float:
+        """FLOPs this rank's kernels run for one micro-batch, replicated work included (recompute not)."""
+        return sum(op.cost.fwd_flops + op.cost.bwd_flops for op in self.graph.nodes if op.cost.has_backward)
+
+
+@dataclass(frozen=True)
+class StepProgram:
+    """Every kind of rank of one plan point, and the hardware they run on."""
+
+    ranks: tuple[RankProgram, ...]
+    units: dict[int, int]  # the plan's checkpoint units (block -> unit)
+    hw: HardwareProfile
+
+    @property
+    def busiest(self) -> RankProgram:
+        return self.ranks[0]
+
+    def walk(self, units: dict[int, int] | None = None, record_trace: bool = False,
+             rank: RankProgram | None = None) -> Timeline:
+        """The memory walk of ``rank`` (default the busiest) with checkpoint ``units`` (default the plan's)."""
+        r = rank or self.busiest
+        return simulate_step(r.graph, r.static, self.hw.round_alloc, self.units if units is None else units,
+                             r.schedule, record_trace)
+
+    def time(self, recomputed: frozenset[str], rank: RankProgram | None = None) -> TimeBreakdown:
+        """``rank``'s step time when checkpointing re-runs the ``recomputed`` ops: its compute summed
+        over its schedule, then its timeline with its collectives placed."""
+        r = rank or self.busiest
+        return placed(step_time(r.times, recomputed, r.schedule, r.optimizer_s), r, self.hw)
+
+    def model_flops_per_step(self) -> float:
+        return sum(r.ranks * r.schedule.count(Phase.FORWARD) * r.model_flops_per_micro_batch() for r in self.ranks)
+
+    def hardware_flops_per_step(self, recompute_flops: dict[int, float]) -> float:
+        """Executed FLOPs of every rank (``recompute_flops``: per rank kind's index, one micro-batch's)."""
+        return sum(r.ranks * r.schedule.count(Phase.FORWARD) * (r.executed_flops_per_micro_batch()
+                                                               + recompute_flops.get(i, 0.0))
+                   for i, r in enumerate(self.ranks))
+
+    @property
+    def world_size(self) -> int:
+        return sum(r.ranks for r in self.ranks)
+
+
+def placed(compute: TimeBreakdown, rank: RankProgram, hw: HardwareProfile) -> TimeBreakdown:
+    """``compute`` (the rank's compute time, summed over its schedule) with its collectives placed
+    on its timeline: the step time is the timeline's span, the communication what that adds."""
+    schedule = rank.schedule
+    forward_s = compute.forward_s / schedule.count(Phase.FORWARD)
+    backward_s = (compute.backward_s + compute.recompute_s) / schedule.count(Phase.BACKWARD)
+    timeline = rank_timeline(schedule, forward_s, backward_s, compute.optimizer_s, rank.collectives,
+                             hw.overlap_compute_slowdown)
+    if rank.collectives.none:
+        return compute.model_copy(update={"timeline": timeline})
+    step_s = timeline.step_time_s
+    return compute.model_copy(update={"communication_s": step_s - compute.step_time_s, "step_time_s": step_s,
+                                      "timeline": timeline})
