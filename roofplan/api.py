@@ -92,20 +92,29 @@ def estimate_plan(
     hardware: str | Path | HardwareProfile | None,
     knobs: Knobs,
     hbm: str | int | None = None,
-    gpus_per_node: int = 8,
+    gpus_per_node: int | None = None,
 ) -> PlanResult:
-    """The estimate of one fully fixed configuration (``knobs.parallel.world_size`` GPUs), as a plan result."""
-    hw = load_hardware(hardware)
+    """The estimate of one fully fixed configuration (``knobs.parallel.world_size`` GPUs), as a plan
+    result; ``gpus_per_node`` (default: the hardware profile's) sets the node the GPUs sit in."""
+    hw = system(hardware, gpus_per_node)
     cap = hbm_cap(hw, hbm)
-    result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap, gpus_per_node=gpus_per_node)
+    result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap)
     return Plan(
         model=summarize_model(model),
         training=training,
         hardware=hw,
         hbm_cap_bytes=cap,
-        parallel=ParallelConfig(world_size=knobs.parallel.world_size, gpus_per_node=gpus_per_node),
+        parallel=ParallelConfig(world_size=knobs.parallel.world_size, gpus_per_node=hw.gpus_per_node),
         best=PlanEntry(knobs=knobs, estimate=result),
     )
+
+
+def system(hardware: str | Path | HardwareProfile | None, gpus_per_node: int | None) -> HardwareProfile:
+    """The device and the node it sits in: the profile, with ``--gpus-per-node`` when given (the
+    one place the topology is set: everything downstream reads ``gpus_per_node`` off the profile)."""
+    if gpus_per_node is not None and gpus_per_node <= 0:
+        raise ConfigError(f"--gpus-per-node: must be positive, got {gpus_per_node}")
+    return load_hardware(hardware).with_gpus_per_node(gpus_per_node)
 
 
 def _grad_sync(value: str | GradSync, gpus: int, zero_stage: int | None) -> GradSync:
@@ -137,7 +146,7 @@ def plan(
     allow_segments: bool = True,
     on_trial: Callable[[int, int], None] | None = None,
     gpus: int = 1,
-    gpus_per_node: int = 8,
+    gpus_per_node: int | None = None,
     zero_stage: int | None = None,
     fsdp_grad_sync: str | GradSync = GradSync.EVERY,
     tp: int | None = None,
@@ -167,13 +176,13 @@ def plan(
     trials, ``on_stage(text)`` names each longer step without trials (the smallest plan and the
     fewest GPUs, when nothing fits).
     """
-    hw = load_hardware(hardware)
+    hw = system(hardware, gpus_per_node)
     cap = hbm_cap(hw, hbm)
     ckpt_policy = _checkpoint_policy(checkpoint_policy)
     saved = save_list if isinstance(save_list, SaveList) else parse_save_list(save_list or "torchtitan")
     policies = _policies(precisions)
     blocks = _checkpoint_blocks(checkpoint, model.n_layers)
-    parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=max(gpus_per_node, 1))
+    parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=hw.gpus_per_node)
     grad_sync = _grad_sync(fsdp_grad_sync, gpus, zero_stage)
     if save_list is not None and ckpt_policy not in (None, CheckpointPolicy.OPS):
         raise ConfigError(f"--save-list: applies to --checkpoint-policy ops (per-op selective checkpointing), not "
@@ -182,7 +191,7 @@ def plan(
                                                    sp=sequence_parallel))
     if (micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None
             and request.fixed):
-        check_fixed_request(model, training, request, gpus_per_node)
+        check_fixed_request(model, training, request, hw.gpus_per_node)
         per_rank = training.global_batch_size * (request.tp or 1) * (request.cp or 1) // gpus
         if micro_batch_size <= 0 or per_rank % micro_batch_size:
             raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_rank} "
@@ -198,13 +207,12 @@ def plan(
             parallel=layout,
             fsdp_grad_sync=grad_sync,
         )
-        return estimate_plan(model, training, hw, knobs, hbm=cap, gpus_per_node=gpus_per_node)
+        return estimate_plan(model, training, hw, knobs, hbm=cap)
 
     from search.space import build_space
     from search.study import SamplerKind, SearchOptions, run_search
 
-    space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, gpus_per_node,
-                        zero_stage, grad_sync, tensor_parallel=request.tp, sequence_parallel=sequence_parallel,
+    space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, zero_stage, grad_sync, tensor_parallel=request.tp, sequence_parallel=sequence_parallel,
                         context_parallel=request.cp, checkpoint_policy=ckpt_policy, save_list=saved,
                         expert_parallel=request.ep)
     if sampler not in {k.value for k in SamplerKind}:
@@ -223,7 +231,7 @@ def plan(
         if on_stage is not None:
             on_stage("nothing fits: finding the fewest GPUs that would hold it")
         raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, _scale_out(
-            model, training, hw, cap, space.precisions, gpus, gpus_per_node, grad_sync, allow_segments, ckpt_policy,
+            model, training, hw, cap, space.precisions, gpus, grad_sync, allow_segments, ckpt_policy,
             saved)),
             closest=closest)
     return Plan(
@@ -240,7 +248,7 @@ def plan(
 
 
 def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap: int,
-               precisions: tuple[PrecisionPolicy, ...], gpus: int, gpus_per_node: int,
+               precisions: tuple[PrecisionPolicy, ...], gpus: int,
                grad_sync: GradSync = GradSync.EVERY, allow_segments: bool = True,
                checkpoint_policy: CheckpointPolicy | None = None,
                save: SaveList = TORCHTITAN_SAVE_LIST) -> str | None:
@@ -248,7 +256,7 @@ def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, c
     checkpoint policy kept, and named in the command)."""
     from search.scaling import fewest_gpus
 
-    found = fewest_gpus(model, training, hw, cap, precisions, gpus_per_node, start=gpus, fsdp_grad_sync=grad_sync,
+    found = fewest_gpus(model, training, hw, cap, precisions, start=gpus, fsdp_grad_sync=grad_sync,
                         allow_segments=allow_segments, checkpoint_policy=checkpoint_policy, save_list=save)
     if found is None:
         return None

@@ -66,7 +66,8 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
     """How the GPUs are laid out: count, node size, ZeRO stage, tensor/context/expert parallelism."""
     p.add_argument("--gpus", type=int, default=1, help="GPUs in all (default 1): tensor-parallel groups of --tp, "
                                                          "data parallel over the groups")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node sharing its fast links (default 8)")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="GPUs per node sharing its fast links (default: the hardware profile's, 8)")
     p.add_argument("--zero-stage", type=int, default=None,
                    help="ZeRO stage with several GPUs: 0 DDP, 1 sharded optimizer state (ZeroRedundancyOptimizer), "
                         "2 FSDP2 with each block's params kept from forward to backward, 3 FSDP2 re-gathering them "

@@ -111,7 +111,7 @@ def _trace(result: PlanResult) -> tuple[list[int], Any]:
     knobs, model, training = result.best.knobs, result.model.config, result.training
     hw = load_hardware(result.hardware)
     spec = check_knobs(model, training, hw, knobs)  # what the step computes in (FSDP2: no autocast), as estimate
-    graph = rank_graph(model, training, knobs, spec, result.parallel.gpus_per_node)
+    graph = rank_graph(model, training, knobs, spec, hw)
     static = static_for(graph, hw, training, knobs)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
                              knobs.checkpoint_policy, knobs.save_list, knobs.policy_overrides)

@@ -286,8 +286,7 @@ def sources_table(result: PlanResult) -> Table:
     """The kernel figures behind the step time and MFU, and where each was measured."""
     k = result.best.knobs
     rows = time_sources(result.model.config, result.training.seq_len, result.hardware,
-                        precision_spec(k.precision).matmul_precision, k.parallel.world_size, result.parallel.gpus_per_node,
-                        ep=k.parallel.ep)
+                        precision_spec(k.precision).matmul_precision, k.parallel.world_size, ep=k.parallel.ep)
     table = Table(title="Where the time figures come from", title_justify="left", show_header=False)
     for what, figure in rows:
         table.add_row(what, figure)

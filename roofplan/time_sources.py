@@ -63,7 +63,8 @@ def _memory_rows(hw: HardwareProfile) -> list[tuple[str, str]]:
     return rows
 
 
-def _collective_rows(hw: HardwareProfile, gpus: int, gpus_per_node: int) -> list[tuple[str, str]]:
+def _collective_rows(hw: HardwareProfile, gpus: int) -> list[tuple[str, str]]:
+    gpus_per_node = hw.gpus_per_node
     inside = gpus <= gpus_per_node
     bus = bus_bandwidth_bytes_per_s(hw, gpus, gpus_per_node) / 1e9
     link = figure_source(hw, Figure.COLLECTIVE_EFFICIENCY if inside else Figure.NETWORK_EFFICIENCY)
@@ -86,7 +87,8 @@ def _collective_rows(hw: HardwareProfile, gpus: int, gpus_per_node: int) -> list
     return rows
 
 
-def _all_to_all_row(hw: HardwareProfile, ep: int, gpus_per_node: int) -> tuple[str, str]:
+def _all_to_all_row(hw: HardwareProfile, ep: int) -> tuple[str, str]:
+    gpus_per_node = hw.gpus_per_node
     """Expert parallelism's all-to-all: which model prices it (published curve or the links' model)
     and where its achieved share was measured."""
     figure = Figure.ALL_TO_ALL_NETWORK_EFFICIENCY if ep > gpus_per_node else Figure.ALL_TO_ALL_EFFICIENCY
@@ -95,7 +97,7 @@ def _all_to_all_row(hw: HardwareProfile, ep: int, gpus_per_node: int) -> tuple[s
 
 
 def time_sources(model: ModelConfig, seq_len: int, hw: HardwareProfile, precision: ComputePrecision,
-                 gpus: int, gpus_per_node: int, ep: int = 1) -> list[tuple[str, str]]:
+                 gpus: int, ep: int = 1) -> list[tuple[str, str]]:
     """(what, figure and source) for each kernel class the step time is built from; ``ep``: the
     expert-parallel group's size (an all-to-all row when above 1)."""
     gemm = (f"{hw.compute_efficiency[precision]:.0%} of the {precision.value} peak for large GEMMs "
@@ -108,9 +110,9 @@ def time_sources(model: ModelConfig, seq_len: int, hw: HardwareProfile, precisio
         rows.append(("in a real step", f"kernels at {hw.step_efficiency:.0%} of their isolated speed "
                                        f"({figure_source(hw, Figure.STEP_EFFICIENCY)}; see checked against)"))
     if gpus > 1:
-        rows.extend(_collective_rows(hw, gpus, gpus_per_node))
+        rows.extend(_collective_rows(hw, gpus))
         if ep > 1:
-            rows.append(_all_to_all_row(hw, ep, gpus_per_node))
+            rows.append(_all_to_all_row(hw, ep))
         if hw.overlap_compute_slowdown:
             rows.append(("overlap", f"compute {hw.overlap_compute_slowdown:.0%} slower while collectives overlap it "
                                     f"({figure_source(hw, Figure.OVERLAP_COMPUTE_SLOWDOWN)})"))

@@ -120,7 +120,6 @@ def evaluate(
     fixed_checkpoint: tuple[int, ...] | None = None,
     allow_segments: bool = True,
     prune: bool = True,
-    gpus_per_node: int = 8,
     beat: tuple[float, int] | None = None,
     policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,),
     mix_policies: bool = True,
@@ -136,7 +135,7 @@ def evaluate(
     plans mixing two policies across blocks (``search.mixed``) join the single-policy ones."""
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
-        est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
+        est = estimate(model, training, hw, knobs, cap_bytes)
         point = ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs)
         return Evaluation(chosen=point, points=(point,), cap_bytes=cap_bytes)
     spec = check_knobs(model, training, hw, base)
@@ -144,7 +143,7 @@ def evaluate(
     if prune and floor > cap_bytes:
         point = ParetoPoint(step_time_s=math.inf, device_bytes=floor, knobs=base)
         return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
-    graph = rank_graph(model, training, base, spec, gpus_per_node)
+    graph = rank_graph(model, training, base, spec, hw)
     times, no_recompute = rank_timing(graph, hw, training, base, frozenset())
     if prune and beat is not None and no_recompute.step_time_s > beat[0] and floor >= beat[1]:
         point = ParetoPoint(step_time_s=no_recompute.step_time_s, device_bytes=floor, knobs=base)
@@ -163,7 +162,7 @@ def evaluate(
             continue
         knobs = base.model_copy(update={"checkpoint_policy": policy})
         runs[policy] = _policy_points(model, training, hw, knobs, graph, static, fwd_s, no_recompute, cap_bytes,
-                                      gpus_per_node, plain, profiles)
+                                      plain, profiles)
         points += runs[policy].points
         if policy is CheckpointPolicy.FULL:
             all_peak = runs[policy].all_peak
@@ -178,7 +177,7 @@ def evaluate(
                     pass
         single = [c for run in runs.values() for c in run.compute]
         points += mixed_points(profiles, {p: r.rerun_s for p, r in runs.items()}, single, cap_bytes, graph, hw,
-                               base, no_recompute, gpus_per_node)
+                               base, no_recompute)
     fitting = [p for p in points if p.device_bytes <= cap_bytes]
     # segments keep one input per segment instead of one per block: at best they save all but
     # one block input; skip them when even that cannot reach the cap
@@ -188,7 +187,7 @@ def evaluate(
             and best_case <= cap_bytes):
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})
-            est = estimate(model, training, hw, knobs, cap_bytes, gpus_per_node)
+            est = estimate(model, training, hw, knobs, cap_bytes)
             points.append(ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs))
         fitting = [p for p in points if p.device_bytes <= cap_bytes]
     if fitting:
@@ -217,7 +216,7 @@ class _PolicyRun:
 
 def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs, graph: LayerGraph,
                    static: object, fwd_s: dict[str, float], no_recompute: object, cap_bytes: int,
-                   gpus_per_node: int, plain: list[Timeline],
+                   plain: list[Timeline],
                    profiles: dict[CheckpointPolicy, PlacementProfile]) -> _PolicyRun:
     """The exact placements of ``knobs``' checkpoint policy, one per count of checkpointed blocks
     (a step's time is additive in the forward time each checkpointed block's policy runs again)."""
@@ -241,7 +240,7 @@ def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
         time = no_recompute.model_copy(  # type: ignore[attr-defined]
             update={"recompute_s": rerun, "step_time_s": no_recompute.step_time_s + rerun})  # type: ignore[attr-defined]
         placed = knobs.model_copy(update={"checkpoint_blocks": blocks})
-        step_s = with_communication(graph, hw, placed, gpus_per_node, time).step_time_s
+        step_s = with_communication(graph, hw, placed, time).step_time_s
         points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(peak, hw), knobs=placed))
         compute.append((time.step_time_s, peak))
     return _PolicyRun(points=points, all_walk=all_walk, all_peak=all_peak, rerun_s=rerun_s, compute=compute)
@@ -254,7 +253,6 @@ def least_memory_at(
     base: Knobs,
     fixed_checkpoint: tuple[int, ...] | None = None,
     allow_segments: bool = True,
-    gpus_per_node: int = 8,
     policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,),
 ) -> tuple[Knobs, int]:
     """The placement of ``base`` (micro-batch, precision, sharding) with the least peak allocated
@@ -263,9 +261,9 @@ def least_memory_at(
     segmentation the search may choose."""
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
-        return knobs, estimate(model, training, hw, knobs, None, gpus_per_node).memory.peak_allocated_bytes
+        return knobs, estimate(model, training, hw, knobs, None).memory.peak_allocated_bytes
     spec = check_knobs(model, training, hw, base)
-    graph = rank_graph(model, training, base, spec, gpus_per_node)
+    graph = rank_graph(model, training, base, spec, hw)
     static = static_for(graph, hw, training, base)
     every = tuple(range(model.n_layers))
     options: list[tuple[int, Knobs]] = []
@@ -280,6 +278,6 @@ def least_memory_at(
     if allow_segments and strategy_for(base.parallel).allows_segments:  # as the search
         for segments in segment_plans(model.n_layers):
             knobs = base.model_copy(update={"checkpoint_segments": segments})
-            options.append((estimate(model, training, hw, knobs, None, gpus_per_node).memory.peak_allocated_bytes, knobs))
+            options.append((estimate(model, training, hw, knobs, None).memory.peak_allocated_bytes, knobs))
     peak, knobs = min(options, key=lambda option: option[0])  # ties: the first (no segments)
     return knobs, peak

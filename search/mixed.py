@@ -28,7 +28,7 @@ from planner.timing.op_times import TimeBreakdown
 def mixed_points(
     profiles: dict[CheckpointPolicy, PlacementProfile], rerun_s: dict[CheckpointPolicy, Sequence[float]],
     single: Sequence[tuple[float, int]], cap_bytes: int, graph: LayerGraph, hw: HardwareProfile, base: Knobs,
-    no_recompute: TimeBreakdown, gpus_per_node: int,
+    no_recompute: TimeBreakdown,
 ) -> list[ParetoPoint]:
     """Plans mixing two of ``profiles``' policies, at least one block each (one policy alone is
     the single-policy search's), that fit ``cap_bytes`` and are faster than every single-policy
@@ -48,14 +48,14 @@ def mixed_points(
             except NotDecomposableError:
                 continue
             points += _pair_points(mixed, (first, second), rerun_s, budget_s, cap_bytes, graph, hw, base,
-                                   no_recompute, gpus_per_node)
+                                   no_recompute)
     return points
 
 
 def _pair_points(
     mixed: MixedProfile, pair: tuple[CheckpointPolicy, CheckpointPolicy],
     rerun_s: dict[CheckpointPolicy, Sequence[float]], budget_s: float, cap_bytes: int, graph: LayerGraph,
-    hw: HardwareProfile, base: Knobs, no_recompute: TimeBreakdown, gpus_per_node: int,
+    hw: HardwareProfile, base: Knobs, no_recompute: TimeBreakdown,
 ) -> list[ParetoPoint]:
     n = mixed.a.n_blocks
     mean = [sum(rerun_s[p]) / n for p in pair]  # the blocks are alike: each one's recompute the same
@@ -81,6 +81,6 @@ def _pair_points(
         knobs = base.model_copy(update={
             "checkpoint_blocks": blocks, "checkpoint_policy": pair[0],
             "block_policies": tuple((i, pair[1]) for i, s in enumerate(statuses) if s == 2)})
-        step_s = with_communication(graph, hw, knobs, gpus_per_node, time).step_time_s
+        step_s = with_communication(graph, hw, knobs, time).step_time_s
         points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(int(peak), hw), knobs=knobs))
     return points

@@ -24,7 +24,6 @@ def fewest_gpus(
     hw: HardwareProfile,
     cap_bytes: int,
     precisions: tuple[PrecisionPolicy, ...],
-    gpus_per_node: int,
     start: int = 1,
     fsdp_grad_sync: GradSync = GradSync.EVERY,
     allow_segments: bool = True,
@@ -38,7 +37,7 @@ def fewest_gpus(
     context-parallel degree it allows (each rank keeping ``MIN_CONTEXT_SHARD_TOKENS`` of a
     sequence). With ``GradSync.LAST`` only ZeRO-2/3 are tried (the mode exists only there), priced
     in that mode; a fixed ``checkpoint_policy`` is kept."""
-    degrees, contexts = scale_out_degrees(model, training.seq_len, gpus_per_node)
+    degrees, contexts = scale_out_degrees(model, training.seq_len, hw.gpus_per_node)
     counts = sorted({dp * tp * cp for dp in divisors(training.global_batch_size) for tp in degrees for cp in contexts})
     for gpus in counts:
         if gpus <= start:
@@ -56,7 +55,7 @@ def fewest_gpus(
                 continue
             try:
                 space = build_space(model, training, hw, precisions, allow_segments=allow_segments, gpus=gpus,
-                                    gpus_per_node=gpus_per_node, zero_stage=stage,
+                                    zero_stage=stage,
                                     fsdp_grad_sync=fsdp_grad_sync if fsdp else GradSync.EVERY, tensor_parallel=tp,
                                     context_parallel=cp, checkpoint_policy=checkpoint_policy, save_list=save_list,
                                     expert_parallel=None)

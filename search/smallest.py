@@ -53,7 +53,7 @@ def first_fitting(
         if bound > cap_bytes:
             return None
         knobs, peak = least_memory_at(model, training, hw, points[i], space.fixed_checkpoint, space.allow_segments,
-                                      space.gpus_per_node, space.checkpoint_policies)
+                                      space.checkpoint_policies)
         if device_bytes(peak, hw) <= cap_bytes:
             return Smallest(knobs=knobs, device_bytes=device_bytes(peak, hw), n_points=len(points), n_priced=i + 1)
     return None
@@ -82,11 +82,11 @@ def smallest_plan(
         if best is not None and bound > best[0]:
             break
         knobs, peak = least_memory_at(model, training, hw, points[i], space.fixed_checkpoint, space.allow_segments,
-                                      space.gpus_per_node, space.checkpoint_policies)
+                                      space.checkpoint_policies)
         priced += 1
         need = device_bytes(peak, hw)
         if best is None or need <= best[0]:
-            step_s = estimate(model, training, hw, knobs, None, space.gpus_per_node).step_time_s
+            step_s = estimate(model, training, hw, knobs, None).step_time_s
             if best is None or (need, step_s) < best[:2]:
                 best = (need, step_s, knobs)
     if best is None:

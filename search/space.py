@@ -225,7 +225,6 @@ def build_space(
     checkpoint_blocks: tuple[int, ...] | None = None,
     allow_segments: bool = True,
     gpus: int = 1,
-    gpus_per_node: int = 8,
     zero_stage: int | None = None,
     fsdp_grad_sync: GradSync = GradSync.EVERY,
     tensor_parallel: int | None = 1,
@@ -246,7 +245,7 @@ def build_space(
         context_parallel = 1  # the only degree the fixed policy runs with
     request = LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tensor_parallel, cp=context_parallel,
                             ep=expert_parallel, sp=sequence_parallel)
-    choices = layout_choices(model, training, request, gpus_per_node)
+    choices = layout_choices(model, training, request, hw.gpus_per_node)
     rebuilt = (checkpoint_policy,) if checkpoint_policy is not None else default_checkpoint_policies(model)
     layouts = choices.tp_cp
     shares = {training.global_batch_size * tp * cp // gpus for tp, cp in layouts}  # sequences per data-parallel rank
@@ -277,7 +276,7 @@ def build_space(
         dimensions: dict[str, tuple[Choice, ...]] = {MICRO_BATCH: sizes, PRECISION: tuple(p.value for p in policies),
                                                      **choices.dimensions()}
         return SearchSpace(dimensions=dimensions, world_size=gpus, global_batch_size=training.global_batch_size,
-                           gpus_per_node=gpus_per_node, fixed_checkpoint=checkpoint_blocks,
+                           gpus_per_node=hw.gpus_per_node, fixed_checkpoint=checkpoint_blocks,
                            allow_segments=allow_segments, fsdp_grad_sync=fsdp_grad_sync,
                            sequence_parallel=sequence_parallel, checkpoint_policies=rebuilt, save_list=save_list,
                            layouts=layouts)

@@ -251,7 +251,7 @@ def _memoized_pricer(
             rank = 1 + options.n_alternatives
             beat = (kept[rank - 1].step_time_s, kept[0].device_bytes) if bound and len(kept) >= rank else None
             ev = evaluate(model, training, hw, cap_bytes, space.knobs_at(training, point), space.fixed_checkpoint,
-                          space.allow_segments, gpus_per_node=space.gpus_per_node, beat=beat,
+                          space.allow_segments, beat=beat,
                           policies=space.checkpoint_policies)
             if ev.fits and not ev.pruned:
                 kept.append(ev.chosen)
@@ -294,7 +294,7 @@ def _read_outcome(
             distinct.append(knobs)
 
     def entry(knobs: Knobs) -> PlanEntry:
-        return PlanEntry(knobs=knobs, estimate=estimate(model, training, hw, knobs, cap_bytes, space.gpus_per_node))
+        return PlanEntry(knobs=knobs, estimate=estimate(model, training, hw, knobs, cap_bytes))
 
     best = entry(distinct[0]) if distinct else None
     alternatives = tuple(entry(k) for k in distinct[1 : 1 + options.n_alternatives])

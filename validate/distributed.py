@@ -279,7 +279,8 @@ def _rank_report(plan: PlanResult, dev: torch.device, steps: int, profile: Hardw
     dist.all_gather_object(gathered, mine)
     if rank != 0:
         return None
-    est = estimate(model, training, profile, knobs, plan.hbm_cap_bytes, plan.parallel.gpus_per_node) if profile \
+    est = estimate(model, training, profile.with_gpus_per_node(plan.parallel.gpus_per_node), knobs,
+                   plan.hbm_cap_bytes) if profile \
         else plan.best.estimate
     predicted = _predicted(est).model_copy(update={"model_flops_per_step": None})
     kind = "cuda" if dev.type == "cuda" else "cpu"

@@ -55,8 +55,7 @@ def repriced(plan: PlanResult, implementation: Implementation) -> PlanResult:
     if plan.model.config.implementation is implementation:
         return plan
     model = as_implementation(plan.model.config, implementation)
-    est = estimate(model, plan.training, plan.hardware, plan.best.knobs, plan.hbm_cap_bytes,
-                   plan.parallel.gpus_per_node)
+    est = estimate(model, plan.training, plan.hardware, plan.best.knobs, plan.hbm_cap_bytes)
     return plan.model_copy(update={"model": plan.model.model_copy(update={"config": model}),
                                    "best": plan.best.model_copy(update={"estimate": est}), "alternatives": ()})
 

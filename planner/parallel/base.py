@@ -60,11 +60,11 @@ class SingleDevice:
         """The share of the parameters this rank's optimizer updates."""
         return 1.0
 
-    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> Collectives:
+    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> Collectives:
         """This rank's data-parallel collectives around one micro-batch (``planner.timing.step_time``)."""
         return NO_COLLECTIVES
 
-    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> float:
+    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> float:
         """Bytes this rank's data-parallel collectives send in one step."""
         return 0.0
 

@@ -43,19 +43,19 @@ class Ddp(SingleDevice):
                base: StaticMemory) -> StaticMemory:
         return replace(base, engine=ResidentGradients())
 
-    def _group(self, knobs: Knobs, gpus_per_node: int) -> ParallelConfig:
+    def _group(self, knobs: Knobs, hw: HardwareProfile) -> ParallelConfig:
         return ParallelConfig(world_size=knobs.data_parallel,
-                              gpus_per_node=knobs.parallel.ranks_per_node(Group.DP, gpus_per_node))
+                              gpus_per_node=knobs.parallel.ranks_per_node(Group.DP, hw.gpus_per_node))
 
-    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> Collectives:
+    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> Collectives:
         grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.grad_tensors.values()]
         param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
-        return ddp_collectives(grad_bytes, param_bytes, self.shards_optimizer, hw, self._group(knobs, gpus_per_node))
+        return ddp_collectives(grad_bytes, param_bytes, self.shards_optimizer, hw, self._group(knobs, hw))
 
-    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> float:
+    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> float:
         grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.grad_tensors.values()]
         param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
-        return ddp_bytes_moved(grad_bytes, param_bytes, self.shards_optimizer, self._group(knobs, gpus_per_node))
+        return ddp_bytes_moved(grad_bytes, param_bytes, self.shards_optimizer, self._group(knobs, hw))
 
     def _grads_at_loss(self, knobs: Knobs) -> bool:
         return True  # DDP's buckets exist for the whole step

@@ -100,17 +100,17 @@ class Fsdp2(SingleDevice):
     def optimizer_shard_fraction(self, graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
         return shard_fraction(self.layout(graph, knobs, hw), graph.n_params)
 
-    def _group(self, knobs: Knobs, gpus_per_node: int) -> ParallelConfig:
+    def _group(self, knobs: Knobs, hw: HardwareProfile) -> ParallelConfig:
         return ParallelConfig(world_size=knobs.parallel.fsdp_ranks,
-                              gpus_per_node=knobs.parallel.ranks_per_node(Group.FSDP, gpus_per_node))
+                              gpus_per_node=knobs.parallel.ranks_per_node(Group.FSDP, hw.gpus_per_node))
 
-    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> Collectives:
+    def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> Collectives:
         layout = self.layout(graph, knobs, hw)
-        group = self._group(knobs, gpus_per_node)
+        group = self._group(knobs, hw)
         return _COLLECTIVES.get((layout, hw), (group,), lambda: fsdp_collectives(layout, hw, group))
 
-    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int) -> float:
-        return fsdp_bytes_moved(self.layout(graph, knobs, hw), self._group(knobs, gpus_per_node),
+    def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> float:
+        return fsdp_bytes_moved(self.layout(graph, knobs, hw), self._group(knobs, hw),
                                 knobs.grad_accum_steps)
 
     def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,

@@ -150,13 +150,13 @@ def cached_graph(model: ModelConfig, batch: int, seq_len: int, spec: PrecisionSp
 
 
 def rank_graph(model: ModelConfig, training: TrainConfig, knobs: Knobs, spec: PrecisionSpec,
-               gpus_per_node: int = 8) -> LayerGraph:
+               hw: HardwareProfile) -> LayerGraph:
     """The graph of one rank of ``knobs``' layout (its micro-batch, its tokens of each sequence,
-    its shard of the model)."""
-    dims = knobs.parallel
+    its shard of the model) on ``hw``'s nodes (which groups' collectives cross them)."""
+    dims, per_node = knobs.parallel, hw.gpus_per_node
     return cached_graph(model, knobs.micro_batch_size, local_seq_len(training.seq_len, dims), spec, dims.tp, dims.sp,
-                        dims.ranks_per_node(Group.TP, gpus_per_node), dims.cp, dims.ranks_per_node(Group.CP, gpus_per_node),
-                        dims.ep, dims.ranks_per_node(Group.EP, gpus_per_node))
+                        dims.ranks_per_node(Group.TP, per_node), dims.cp, dims.ranks_per_node(Group.CP, per_node),
+                        dims.ep, dims.ranks_per_node(Group.EP, per_node))
 
 
 def op_rooflines(graph: LayerGraph, hw: HardwareProfile) -> tuple[OpRoofline, ...]:
@@ -197,33 +197,30 @@ def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfil
     return strategy_for(knobs.parallel).optimizer_shard_fraction(graph, knobs, hw)
 
 
-def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
-                       time: TimeBreakdown) -> TimeBreakdown:
+def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, time: TimeBreakdown) -> TimeBreakdown:
     """The step time with the data-parallel collectives placed on the rank's timeline
     (``planner.timing.step_time``; nothing to place on one GPU): what compute does not hide, and the
     compute that collectives overlap running ``overlap_compute_slowdown`` slower while they do
     (the profile's published measurement)."""
-    return placed(time, _rank_program(graph, hw, knobs, gpus_per_node, time), hw)
+    return placed(time, _rank_program(graph, hw, knobs, time), hw)
 
 
-def _rank_program(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, gpus_per_node: int,
-                  time: TimeBreakdown) -> RankProgram:
+def _rank_program(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, time: TimeBreakdown) -> RankProgram:
     """The parts of a rank's program that place its collectives (no walk, no op times needed)."""
     return RankProgram(graph=graph, static=_NO_STATIC, schedule=knobs.schedule,
-                       collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs, gpus_per_node),
+                       collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs),
                        times=_NO_TIMES, optimizer_s=(time.optimizer_s, 0.0), ranks=knobs.parallel.world_size)
 
 
-def step_program(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs,
-                 gpus_per_node: int = 8) -> StepProgram:
+def step_program(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> StepProgram:
     """The step program of ``knobs`` (checked): every rank's graph, static memory and engine,
     schedule, collectives and op times, and the plan's checkpoint units."""
     spec = check_knobs(model, training, hw, knobs)
-    graph = rank_graph(model, training, knobs, spec, gpus_per_node)
+    graph = rank_graph(model, training, knobs, spec, hw)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
     rank = RankProgram(
         graph=graph, static=static_for(graph, hw, training, knobs), schedule=knobs.schedule,
-        collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs, gpus_per_node),
+        collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs),
         times=times_of(graph, hw),
         optimizer_s=optimizer_time_s(graph, opt, hw, optimizer_shard_fraction(graph, knobs, hw),
                                      precision_spec(knobs.precision).param_dtype),
@@ -288,10 +285,10 @@ def estimate(
     hw: HardwareProfile,
     knobs: Knobs,
     hbm_cap_bytes: int | None = None,
-    gpus_per_node: int = 8,
 ) -> Estimate:
-    """Everything about one configuration: its memory timeline, FLOPs and roofline step time."""
-    program = step_program(model, training, hw, knobs, gpus_per_node)
+    """Everything about one configuration: its memory timeline, FLOPs and roofline step time
+    (``hw`` is the device and its node: ``HardwareProfile.gpus_per_node``)."""
+    program = step_program(model, training, hw, knobs)
     rank = program.busiest
     graph, static = rank.graph, rank.static
     spec = graph.precision

@@ -8,8 +8,9 @@ the training workload, the hardware profile, the chosen knobs and the predicted 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hardware.profile import HardwareProfile
 from hardware.validation import describe_validation_error
@@ -71,6 +72,17 @@ class PlanResult(BaseModel):
     alternatives: tuple[PlanEntry, ...] = Field(default=(), description="the next fastest plans that fit")
     pareto: tuple[ParetoPoint, ...] = Field(default=(), description="step time vs device memory, non-dominated")
     search: SearchStats | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_from_parallel(cls, data: Any) -> Any:
+        """Plan files written before profiles carried ``gpus_per_node`` name the node only under
+        ``parallel``: the hardware takes it from there (one topology per plan)."""
+        if isinstance(data, dict) and isinstance(data.get("hardware"), dict) and isinstance(data.get("parallel"), dict):
+            per_node = data["parallel"].get("gpus_per_node")
+            if per_node is not None and "gpus_per_node" not in data["hardware"]:
+                data = {**data, "hardware": {**data["hardware"], "gpus_per_node": per_node}}
+        return data
 
     def to_json(self, indent: int | None = 2) -> str:
         return self.model_dump_json(indent=indent)

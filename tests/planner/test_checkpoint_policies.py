@@ -37,7 +37,7 @@ TRAINING = TrainConfig(seq_len=512, global_batch_size=4)
 
 def test_torchtitans_policy_keeps_q_v_gate_down_and_attention() -> None:
     """torchtitan @81c1243 ``_custom_policy``: every second mm of a block is recomputed, SDPA kept."""
-    graph = rank_graph(LLAMA, TRAINING, Knobs(micro_batch_size=2, grad_accum_steps=2), precision_spec("fp32"))
+    graph = rank_graph(LLAMA, TRAINING, Knobs(micro_batch_size=2, grad_accum_steps=2), precision_spec("fp32"), HW)
     nodes = graph.nodes
     units = checkpoint_units(LLAMA.n_layers, (1,), (), CheckpointPolicy.OPS)
     unit, cached = op_units([n.spec.kind for n in nodes], [n.spec.block for n in nodes], [n.spec.bias for n in nodes],
@@ -116,7 +116,7 @@ def test_placement_solver_equals_brute_force(model: ModelConfig, policy: str) ->
     lowest peak of every placement, each walked in full."""
     base = Knobs(micro_batch_size=2, grad_accum_steps=2, precision="bf16-mixed", checkpoint_policy=policy)
     spec = precision_spec(base.precision)
-    graph = rank_graph(model, TRAINING, base, spec)
+    graph = rank_graph(model, TRAINING, base, spec, HW)
     static = static_for(graph, HW, TRAINING, base)
     n = model.n_layers
     profile = placement_profile(graph, static, HW.round_alloc, base.schedule, None, CheckpointPolicy(policy))

@@ -137,8 +137,8 @@ def test_the_ring_hides_its_gather_behind_the_diagonal_block() -> None:
                       vocab_size=128256, max_seq_len=32768)
     knobs = Knobs(micro_batch_size=1, grad_accum_steps=1, checkpoint_blocks=(0, 1, 2, 3),
                   parallel=ParallelDims.data_parallel_of(64, 3, cp=8))
-    inside = estimate(big, training, HW, knobs, gpus_per_node=8)
-    across = estimate(big, training, HW, knobs, gpus_per_node=4)  # the ring crosses two nodes
+    inside = estimate(big, training, HW.with_gpus_per_node(8), knobs)
+    across = estimate(big, training, HW.with_gpus_per_node(4), knobs)  # the ring crosses two nodes
     assert 0 <= inside.time.context_parallel_s < across.time.context_parallel_s
     assert across.step_time_s > inside.step_time_s
 

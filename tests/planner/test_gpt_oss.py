@@ -82,7 +82,7 @@ def test_window_and_sinks_cost_what_the_eager_kernel_runs() -> None:
     assert est["window"].model_flops_per_step == est["full"].model_flops_per_step == est["plain"].model_flops_per_step
     from planner.program.estimate import check_knobs, rank_graph
 
-    graphs = {name: rank_graph(m, training, knobs, check_knobs(m, training, HW, knobs))
+    graphs = {name: rank_graph(m, training, knobs, check_knobs(m, training, HW, knobs), HW)
               for name, m in (("window", TINY), ("full", full), ("plain", plain))}
     t = training.seq_len
     assert graphs["window"].node("window_mask").cost.output.n_bytes == t * t

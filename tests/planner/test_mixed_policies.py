@@ -43,7 +43,7 @@ def test_the_solver_equals_every_placement_walked(model: ModelConfig, precision:
     """Every one of the 3^L placements: the solver's peak equals the full walk's; for every pair
     of counts its lowest peak equals the lowest walked, and the placement it gives reaches it."""
     base = Knobs(micro_batch_size=2, grad_accum_steps=2, precision=precision)
-    graph = rank_graph(model, TRAINING, base, precision_spec(precision))
+    graph = rank_graph(model, TRAINING, base, precision_spec(precision), HW)
     static = static_for(graph, HW, TRAINING, base)
     n = model.n_layers
     mixed = MixedProfile(*(placement_profile(graph, static, HW.round_alloc, base.schedule, None, p) for p in pair))

@@ -81,7 +81,7 @@ def test_attention_flops_count_both_head_dims() -> None:
 
     training = TrainConfig(seq_len=128, global_batch_size=2)
     knobs = Knobs(micro_batch_size=2)
-    graph = rank_graph(DENSE_MLA, training, knobs, check_knobs(DENSE_MLA, training, HW, knobs))
+    graph = rank_graph(DENSE_MLA, training, knobs, check_knobs(DENSE_MLA, training, HW, knobs), HW)
     core = graph.node("blocks.0.attn.core").cost
     mla = DENSE_MLA.mla
     assert core.fwd_flops == 2 * 2 * DENSE_MLA.n_heads * 128 * 128 * (mla.qk_head_dim + mla.v_head_dim)

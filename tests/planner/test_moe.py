@@ -185,7 +185,7 @@ def test_expert_parallelism_splits_the_experts_and_exchanges_the_rows() -> None:
     training = TrainConfig(seq_len=128, global_batch_size=8)
     alone = Knobs(micro_batch_size=2, parallel=ParallelDims.data_parallel_of(4, 3))
     split = Knobs(micro_batch_size=2, parallel=ParallelDims.data_parallel_of(4, 3, ep=4))
-    graphs = [rank_graph(EP_MODEL, training, k, check_knobs(EP_MODEL, training, HW, k)) for k in (alone, split)]
+    graphs = [rank_graph(EP_MODEL, training, k, check_knobs(EP_MODEL, training, HW, k), HW) for k in (alone, split)]
     experts = [sum(n for name, n in g.param_tensors.items() if ".experts." in name) for g in graphs]
     assert experts[0] == 4 * experts[1]
     calls = [c for node in graphs[1].nodes for c in node.cost.fwd_collectives if c.kind.value == "all_to_all"]

@@ -52,7 +52,7 @@ def test_rank_peak_matches_pytorch_on_a_fake_process_group(name: str, precision:
 
 def _graph(model: ModelConfig, layout: ParallelDims, training: TrainConfig):  # type: ignore[no-untyped-def]
     knobs = Knobs(micro_batch_size=2, parallel=layout)
-    return rank_graph(model, training, knobs, check_knobs(model, training, HW, knobs))
+    return rank_graph(model, training, knobs, check_knobs(model, training, HW, knobs), HW)
 
 
 def test_a_rank_holds_and_runs_its_share_of_the_experts() -> None:

@@ -130,7 +130,7 @@ def test_data_parallel_step() -> None:
     def run(world: int, stage: int, per_node: int = 8):  # noqa: ANN202
         knobs = Knobs(micro_batch_size=1, grad_accum_steps=64 // world, precision="bf16-mixed", data_parallel=world,
                       zero_stage=stage, checkpoint_blocks=range(32))
-        return estimate(model, training, hw, knobs, gpus_per_node=per_node)
+        return estimate(model, training, hw.with_gpus_per_node(per_node), knobs)
 
     single, ddp, zero1 = run(1, 0), run(8, 0), run(8, 1)
     assert ddp.memory.params_bytes == single.memory.params_bytes

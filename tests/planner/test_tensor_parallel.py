@@ -44,7 +44,7 @@ def test_a_rank_holds_one_tp_th_of_every_split_tensor(tp: int) -> None:
 def test_the_rank_graph_runs_the_styles_collectives() -> None:
     training = TrainConfig(seq_len=4096, global_batch_size=8)
     knobs = Knobs(micro_batch_size=1, grad_accum_steps=8, parallel=ParallelDims(tp=8, sp=True))
-    graph = rank_graph(LLAMA2_7B, training, knobs, check_knobs(LLAMA2_7B, training, HW, knobs))
+    graph = rank_graph(LLAMA2_7B, training, knobs, check_knobs(LLAMA2_7B, training, HW, knobs), HW)
     kinds = [graph.node(n).spec.kind for n in graph.order]
     # per block: a gather before attention and before the MLP, a reduce-scatter after each
     assert kinds.count(OpKind.GATHER_FROM_SEQUENCE) == 2 * 32 + 1  # + the LM head's input
@@ -56,7 +56,7 @@ def test_the_rank_graph_runs_the_styles_collectives() -> None:
     # the gathered (B, T, D) activation: 4096 x 4096 x fp32 (the residual stream under autocast)
     assert gather.fwd_collectives[0].n_bytes == 4096 * 4096 * 4
     without_sp = rank_graph(LLAMA2_7B, training, knobs.model_copy(update={"parallel": ParallelDims(tp=8)}),
-                            check_knobs(LLAMA2_7B, training, HW, knobs))
+                            check_knobs(LLAMA2_7B, training, HW, knobs), HW)
     enter = without_sp.node("blocks.0.attn.tp_in").cost
     assert enter.output_is_view and not enter.fwd_collectives and len(enter.bwd_collectives) == 1
 

@@ -18,7 +18,7 @@ def _rows(profile: str, gpus: int, precision: ComputePrecision = ComputePrecisio
     hw = load_hardware(profile)
     if not hw.supports(precision):
         precision = hw.precisions[0]
-    return dict(time_sources(MODEL, 4096, hw, precision, gpus, 8))
+    return dict(time_sources(MODEL, 4096, hw, precision, gpus))
 
 
 @pytest.mark.parametrize("profile", bundled_names())
@@ -54,11 +54,11 @@ def test_the_sources_are_the_profiles_yaml_data() -> None:
     assert hw.figure_sources[Figure.MEMORY_ELEMENTWISE] in _rows("a100-sxm-80gb", 8)["memory-bound: elementwise"]
     edited = hw.model_copy(update={"figure_sources": {**hw.figure_sources, Figure.OVERLAP_COMPUTE_SLOWDOWN: "a paper"}})
     rows = dict(time_sources(MODEL, 4096, edited, ComputePrecision.BF16,
-                             16, 8))
+                             16))
     assert rows["overlap"].endswith("(a paper)")
     bare = hw.model_copy(update={"figure_sources": {}})
     rows = dict(time_sources(MODEL, 4096, bare, ComputePrecision.BF16,
-                             16, 8))
+                             16))
     assert NO_SOURCE in rows["GEMMs"]  # a user profile without sources says so
 
 
@@ -67,7 +67,7 @@ def test_a_calibrated_profile_names_its_measurement_for_what_calibration_replace
     measured = Source(fields="every figure: measured by `hardware calibrate` on node1", url="measured:hardware-calibrate")
     calibrated = hw.model_copy(update={"sources": (*hw.sources, measured)})
     rows = dict(time_sources(MODEL, 4096, calibrated,
-                             ComputePrecision.BF16, 64, 8))
+                             ComputePrecision.BF16, 64))
     assert "measured by `hardware calibrate`" in rows["GEMMs"] and "MAMF" not in rows["GEMMs"]
     assert "measured by `hardware calibrate`" in rows["memory-bound ops"]
     assert "arXiv 2507.03114" in rows["overlap"]  # not a figure calibration measures
@@ -87,10 +87,10 @@ def test_expert_parallel_plans_name_the_all_to_all_model() -> None:
     """An ep > 1 plan gets an all-to-all row naming the published curve or the links' model and the
     share's source; a plan without expert parallelism gets none."""
     h100, b200 = load_hardware("h100-sxm"), load_hardware("b200")
-    assert "all-to-all (expert parallelism)" not in dict(time_sources(MODEL, 4096, h100, ComputePrecision.BF16, 8, 8))
-    inside = dict(time_sources(MODEL, 4096, h100, ComputePrecision.BF16, 8, 8, ep=8))["all-to-all (expert parallelism)"]
+    assert "all-to-all (expert parallelism)" not in dict(time_sources(MODEL, 4096, h100, ComputePrecision.BF16, 8))
+    inside = dict(time_sources(MODEL, 4096, h100, ComputePrecision.BF16, 8, ep=8))["all-to-all (expert parallelism)"]
     assert inside.startswith("published all-to-all the one-node curve") and "collective_interpolator_data.h" in inside
-    across = dict(time_sources(MODEL, 4096, h100, ComputePrecision.BF16, 32, 8, ep=32))["all-to-all (expert parallelism)"]
+    across = dict(time_sources(MODEL, 4096, h100, ComputePrecision.BF16, 32, ep=32))["all-to-all (expert parallelism)"]
     assert "2, 8, 32 nodes" in across and h100.figure_sources[Figure.ALL_TO_ALL_NETWORK_EFFICIENCY] in across
-    fallback = dict(time_sources(MODEL, 4096, b200, ComputePrecision.BF16, 16, 8, ep=16))["all-to-all (expert parallelism)"]
+    fallback = dict(time_sources(MODEL, 4096, b200, ComputePrecision.BF16, 16, ep=16))["all-to-all (expert parallelism)"]
     assert fallback.startswith("links' model") and "network_efficiency" in fallback

@@ -117,7 +117,7 @@ def test_blocks_that_differ_fall_back_to_counts_of_earliest_blocks() -> None:
     training = TrainConfig(seq_len=64, global_batch_size=2)
     knobs = Knobs(micro_batch_size=2)
     spec = check_knobs(model, training, HW, knobs)
-    graph = rank_graph(model, training, knobs, spec)
+    graph = rank_graph(model, training, knobs, spec, HW)
     static = static_for(graph, HW, training, knobs)
     every = simulate_step(graph, static, HW.round_alloc, checkpoint_units(n, tuple(range(n))), knobs.schedule,
                           record_trace=True)

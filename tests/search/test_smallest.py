@@ -47,7 +47,7 @@ def _exhaustive_minimum(model: ModelConfig, training: TrainConfig, space: Search
         if space.allow_segments and stage < 2:
             placements += [base.model_copy(update={"checkpoint_segments": s}) for s in segment_plans(model.n_layers)]
         for knobs in placements:
-            need = estimate(model, training, HW, knobs, None, space.gpus_per_node).memory.device_bytes
+            need = estimate(model, training, HW, knobs, None).memory.device_bytes
             best = need if best is None else min(best, need)
     assert best is not None
     return best
@@ -114,7 +114,7 @@ def test_fewest_gpus_is_the_first_count_whose_minimum_fits() -> None:
     model, training = api.load_model("llama2-7b", global_batch_size=64, seq_len=1024)
     cap = 40 * 10**9
     precisions = (PrecisionPolicy.BF16_MIXED,)
-    found = fewest_gpus(model, training, HW, cap, precisions, gpus_per_node=8)
+    found = fewest_gpus(model, training, HW, cap, precisions)
     assert found is not None
     gpus, knobs = found
     assert estimate(model, training, HW, knobs, cap).memory.fits
