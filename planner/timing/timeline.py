@@ -36,12 +36,14 @@ class Stream(StrEnum):
 
 @dataclass(frozen=True)
 class Task:
-    """One piece of work: ``work_s`` seconds on ``stream`` once every task in ``after`` has ended."""
+    """One piece of work: ``work_s`` seconds on ``rank``'s ``stream`` once every task in ``after``
+    has ended (on any rank: a pipeline stage waits for the previous stage's send)."""
 
     name: str
     stream: Stream
     work_s: float
     after: tuple[str, ...] = ()
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,10 +91,15 @@ class RankTimeline:
     def step_time_s(self) -> float:
         return math.fsum(seg.repeats * seg.span_s for seg in self.segments)
 
-    def busy_s(self, stream: Stream) -> float:
-        """Seconds of work ``stream`` does in the step (slowdown excluded)."""
+    def busy_s(self, stream: Stream, rank: int | None = None) -> float:
+        """Seconds of work ``stream`` does in the step (slowdown excluded), of one rank or all."""
         return math.fsum(seg.repeats * s.task.work_s for seg in self.segments for s in seg.spans
-                         if s.task.stream is stream)
+                         if s.task.stream is stream and rank in (None, s.task.rank))
+
+    def idle_s(self, rank: int) -> float:
+        """Seconds ``rank``'s compute stream waits in the step: a pipeline's bubble, a collective's
+        exposure."""
+        return self.step_time_s - self.busy_s(Stream.COMPUTE, rank)
 
     def exposed_s(self, stream: Stream) -> float:
         """Seconds of ``stream``'s tasks on the critical path: the step would be that much shorter
@@ -102,15 +109,15 @@ class RankTimeline:
 
 
 def run_segment(name: str, tasks: tuple[Task, ...], slowdown: float, repeats: int = 1) -> Segment:
-    """Run ``tasks`` from idle streams (each stream takes its tasks in the order given), compute
-    slowed by ``1 + slowdown`` while a collective runs beside it."""
-    queues: dict[Stream, list[Task]] = {}
+    """Run ``tasks`` from idle streams (each rank's stream takes its tasks in the order given),
+    a rank's compute slowed by ``1 + slowdown`` while a collective of that rank runs beside it."""
+    queues: dict[tuple[int, Stream], list[Task]] = {}
     for task in tasks:
-        queues.setdefault(task.stream, []).append(task)
+        queues.setdefault((task.rank, task.stream), []).append(task)
     ended: dict[str, float] = {}
     spans: list[Span] = []
-    running: dict[Stream, tuple[Task, float, float, str | None]] = {}  # task, work left, start, waited for
-    last_on: dict[Stream, str] = {}
+    running: dict[tuple[int, Stream], tuple[Task, float, float, str | None]] = {}  # task, work left, start, waited for
+    last_on: dict[tuple[int, Stream], str] = {}
     now = 0.0
     while True:
         for stream, queue in queues.items():
@@ -122,8 +129,8 @@ def run_segment(name: str, tasks: tuple[Task, ...], slowdown: float, repeats: in
                 running[stream] = (task, task.work_s, now, max(waits)[1] if waits else None)
         if not running:
             break
-        overlapped = len(running) > 1 and Stream.COMPUTE in running
-        rates = {s: (1.0 / (1.0 + slowdown) if s is Stream.COMPUTE and overlapped else 1.0) for s in running}
+        busy = {rank for rank, kind in running if kind is not Stream.COMPUTE}  # ranks with a collective running
+        rates = {s: (1.0 / (1.0 + slowdown) if s[1] is Stream.COMPUTE and s[0] in busy else 1.0) for s in running}
         step = min(left / rates[s] for s, (_, left, _, _) in running.items())
         now += step
         for stream in list(running):

@@ -13,7 +13,7 @@ from planner.plan.knobs import Knobs
 from planner.plan.schedule import accumulation
 from planner.program.estimate import estimate
 from planner.timing.step_time import Collectives, rank_timeline
-from planner.timing.timeline import Stream, Task, overlapped_s, run_segment
+from planner.timing.timeline import RankTimeline, Stream, Task, overlapped_s, run_segment
 
 HW = load_hardware("h100-sxm")
 PROBE = ModelConfig(family="llama", name="probe-llama", n_layers=4, d_model=256, n_heads=4, n_kv_heads=2, d_ff=688,
@@ -108,3 +108,24 @@ def test_two_micro_batches_in_flight_hold_both_forwards(stage: int) -> None:
     assert held == pytest.approx(serial.activations_bytes + serial.logits_bytes, rel=0.02)
     assert both.peak.bytes > serial.peak.bytes
     assert both.peak.bytes - serial.peak.bytes <= held + 1
+
+
+@pytest.mark.parametrize(("stages", "micro_batches"), [(2, 2), (4, 8)])
+def test_a_pipelines_bubble_falls_out_of_the_ranks_waits(stages: int, micro_batches: int) -> None:
+    """GPipe over ranks whose forwards and backwards take t and 2t: each stage waits for the one
+    before it (forward) or after it (backward), so the step is (m + p - 1)(t + 2t) and each rank
+    idles (p - 1)(3t): the bubble fraction (p - 1)/(m + p - 1) of Huang et al. 2019 (GPipe)."""
+    t = 1.0
+    tasks: list[Task] = []
+    for mb in range(micro_batches):
+        for rank in range(stages):
+            after = (f"F{mb}.{rank - 1}",) if rank else ()
+            tasks.append(Task(f"F{mb}.{rank}", Stream.COMPUTE, t, after, rank))
+    for mb in range(micro_batches):
+        for rank in reversed(range(stages)):
+            after = (f"B{mb}.{rank + 1}",) if rank < stages - 1 else (f"F{micro_batches - 1}.{rank}",)
+            tasks.append(Task(f"B{mb}.{rank}", Stream.COMPUTE, 2 * t, after, rank))
+    line = RankTimeline(segments=(run_segment("step", tuple(tasks), slowdown=0.3),))
+    assert line.step_time_s == pytest.approx((micro_batches + stages - 1) * 3 * t)
+    for rank in range(stages):
+        assert line.idle_s(rank) == pytest.approx((stages - 1) * 3 * t)
