@@ -28,12 +28,12 @@ from planner.program.estimate import (
     device_bytes,
     estimate,
     peak_lower_bound,
-    rank_graph,
-    rank_timing,
     static_for,
-    with_communication,
+    step_program,
 )
 from planner.program.results import ParetoPoint
+from planner.program.step_program import StepProgram
+from planner.timing.op_times import TimeBreakdown
 from search.mixed import mixed_points
 
 BRUTE_FORCE_MAX_BLOCKS = 12
@@ -138,18 +138,18 @@ def evaluate(
         est = estimate(model, training, hw, knobs, cap_bytes)
         point = ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs)
         return Evaluation(chosen=point, points=(point,), cap_bytes=cap_bytes)
-    spec = check_knobs(model, training, hw, base)
+    check_knobs(model, training, hw, base)
     floor = device_bytes(peak_lower_bound(model, training, hw, base), hw)
     if prune and floor > cap_bytes:
         point = ParetoPoint(step_time_s=math.inf, device_bytes=floor, knobs=base)
         return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
-    graph = rank_graph(model, training, base, spec, hw)
-    times, no_recompute = rank_timing(graph, hw, training, base, frozenset())
+    program = step_program(model, training, hw, base)  # the point's program: every placement walks and times it
+    graph, static, times = program.busiest.graph, program.busiest.static, program.busiest.times
+    no_recompute = program.compute_time(frozenset())
     if prune and beat is not None and no_recompute.step_time_s > beat[0] and floor >= beat[1]:
         point = ParetoPoint(step_time_s=no_recompute.step_time_s, device_bytes=floor, knobs=base)
         return Evaluation(chosen=point, points=(), cap_bytes=cap_bytes, pruned=True)
     fwd_s = dict(zip(times.names, times.fwd_s, strict=True))
-    static = static_for(graph, hw, training, base)
     points: list[ParetoPoint] = []
     all_peak = None
     plain: list[Timeline] = []  # the walk without checkpointing, shared by the policies
@@ -161,7 +161,7 @@ def evaluate(
         if not modelled_with_context_parallelism(policy, base.parallel.cp):
             continue
         knobs = base.model_copy(update={"checkpoint_policy": policy})
-        runs[policy] = _policy_points(model, training, hw, knobs, graph, static, fwd_s, no_recompute, cap_bytes,
+        runs[policy] = _policy_points(model, training, hw, knobs, program, fwd_s, no_recompute, cap_bytes,
                                       plain, profiles)
         points += runs[policy].points
         if policy is CheckpointPolicy.FULL:
@@ -214,20 +214,19 @@ class _PolicyRun:
     compute: list[tuple[float, int]]  # each point's step time before communication, and its peak
 
 
-def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs, graph: LayerGraph,
-                   static: object, fwd_s: dict[str, float], no_recompute: object, cap_bytes: int,
+def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs,
+                   program: StepProgram, fwd_s: dict[str, float], no_recompute: TimeBreakdown, cap_bytes: int,
                    plain: list[Timeline],
                    profiles: dict[CheckpointPolicy, PlacementProfile]) -> _PolicyRun:
     """The exact placements of ``knobs``' checkpoint policy, one per count of checkpointed blocks
     (a step's time is additive in the forward time each checkpointed block's policy runs again)."""
-    n = model.n_layers
+    n, graph = model.n_layers, program.busiest.graph
     policy, save = knobs.checkpoint_policy, knobs.save_list
     # every block its own unit: what each one's recompute runs
     rerun_ops = recomputed_by_unit(graph, checkpoint_units(n, tuple(range(n)), (), policy, save))
     rerun_s = [knobs.schedule.count(Phase.BACKWARD) * sum(fwd_s[name] for name in rerun_ops.get(b, ()))
                for b in range(n)]
-    all_walk = simulate_step(graph, static, hw.round_alloc, checkpoint_units(n, tuple(range(n)), (), policy, save),  # type: ignore[arg-type]
-                             knobs.schedule, record_trace=True)
+    all_walk = program.walk(checkpoint_units(n, tuple(range(n)), (), policy, save), record_trace=True)
     all_peak = all_walk.peak.bytes
     if device_bytes(all_peak, hw) <= cap_bytes:
         curve = _per_block_curve(model, training, hw, knobs, graph, all_walk, plain, profiles)
@@ -237,10 +236,9 @@ def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
     for peak, placement in curve:
         blocks = tuple(i for i, s in enumerate(placement) if s)
         rerun = sum(rerun_s[b] for b in blocks)
-        time = no_recompute.model_copy(  # type: ignore[attr-defined]
-            update={"recompute_s": rerun, "step_time_s": no_recompute.step_time_s + rerun})  # type: ignore[attr-defined]
+        time = no_recompute.model_copy(update={"recompute_s": rerun, "step_time_s": no_recompute.step_time_s + rerun})
         placed = knobs.model_copy(update={"checkpoint_blocks": blocks})
-        step_s = with_communication(graph, hw, placed, time).step_time_s
+        step_s = program.placed(time).step_time_s
         points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(peak, hw), knobs=placed))
         compute.append((time.step_time_s, peak))
     return _PolicyRun(points=points, all_walk=all_walk, all_peak=all_peak, rerun_s=rerun_s, compute=compute)
@@ -262,16 +260,14 @@ def least_memory_at(
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
         return knobs, estimate(model, training, hw, knobs, None).memory.peak_allocated_bytes
-    spec = check_knobs(model, training, hw, base)
-    graph = rank_graph(model, training, base, spec, hw)
-    static = static_for(graph, hw, training, base)
+    program = step_program(model, training, hw, base)
+    graph = program.busiest.graph
     every = tuple(range(model.n_layers))
     options: list[tuple[int, Knobs]] = []
     for policy in [p for p in policies if modelled_with_context_parallelism(p, base.parallel.cp)]:
         knobs = base.model_copy(update={"checkpoint_policy": policy})
-        all_walk = simulate_step(graph, static, hw.round_alloc,
-                                 checkpoint_units(model.n_layers, every, (), policy, knobs.save_list),
-                                 base.schedule, record_trace=True)
+        all_walk = program.walk(checkpoint_units(model.n_layers, every, (), policy, knobs.save_list),
+                                record_trace=True)
         peak, placement = min(_per_block_curve(model, training, hw, knobs, graph, all_walk), key=lambda c: c[0])
         options.append((peak, knobs.model_copy(
             update={"checkpoint_blocks": tuple(i for i, s in enumerate(placement) if s)})))

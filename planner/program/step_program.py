@@ -76,11 +76,20 @@ class StepProgram:
         return simulate_step(r.graph, r.static, self.hw.round_alloc, self.units if units is None else units,
                              r.schedule, record_trace)
 
+    def compute_time(self, recomputed: frozenset[str], rank: RankProgram | None = None) -> TimeBreakdown:
+        """``rank``'s compute when checkpointing re-runs the ``recomputed`` ops, summed over its
+        schedule (no collectives placed yet: what every placement takes at least)."""
+        r = rank or self.busiest
+        return step_time(r.times, recomputed, r.schedule, r.optimizer_s)
+
+    def placed(self, compute: TimeBreakdown, rank: RankProgram | None = None) -> TimeBreakdown:
+        """``compute`` with ``rank``'s collectives placed on its timeline (``placed``)."""
+        return placed(compute, rank or self.busiest, self.hw)
+
     def time(self, recomputed: frozenset[str], rank: RankProgram | None = None) -> TimeBreakdown:
         """``rank``'s step time when checkpointing re-runs the ``recomputed`` ops: its compute summed
         over its schedule, then its timeline with its collectives placed."""
-        r = rank or self.busiest
-        return placed(step_time(r.times, recomputed, r.schedule, r.optimizer_s), r, self.hw)
+        return self.placed(self.compute_time(recomputed, rank), rank)
 
     def model_flops_per_step(self) -> float:
         return sum(r.ranks * r.schedule.count(Phase.FORWARD) * r.model_flops_per_micro_batch() for r in self.ranks)
