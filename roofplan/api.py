@@ -12,8 +12,9 @@ lazily by the calls that need them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -35,6 +36,9 @@ from planner.program.estimate import estimate
 from planner.program.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
 from roofplan.advice import infeasible_message
 from roofplan.results import Plan
+
+if TYPE_CHECKING:  # search imports optuna: only when a search runs
+    from search.study import SearchOptions
 
 
 def load_model(
@@ -177,44 +181,21 @@ def plan(
     fewest GPUs, when nothing fits).
     """
     hw = system(hardware, gpus_per_node)
-    cap = hbm_cap(hw, hbm)
     ckpt_policy = _checkpoint_policy(checkpoint_policy)
-    saved = save_list if isinstance(save_list, SaveList) else parse_save_list(save_list or "torchtitan")
-    policies = _policies(precisions)
-    blocks = _checkpoint_blocks(checkpoint, model.n_layers)
-    parallel = ParallelConfig(world_size=max(gpus, 1), gpus_per_node=hw.gpus_per_node)
-    grad_sync = _grad_sync(fsdp_grad_sync, gpus, zero_stage)
     if save_list is not None and ckpt_policy not in (None, CheckpointPolicy.OPS):
         raise ConfigError(f"--save-list: applies to --checkpoint-policy ops (per-op selective checkpointing), not "
                           f"{ckpt_policy.value}; leave it out or use --checkpoint-policy ops")
-    request = checked_request(model, LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tp, cp=cp, ep=ep,
-                                                   sp=sequence_parallel))
-    if (micro_batch_size is not None and policies is not None and len(policies) == 1 and blocks is not None
-            and request.fixed):
-        check_fixed_request(model, training, request, hw.gpus_per_node)
-        per_rank = training.global_batch_size * (request.tp or 1) * (request.cp or 1) // gpus
-        if micro_batch_size <= 0 or per_rank % micro_batch_size:
-            raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_rank} "
-                              "sequences each data-parallel rank gets per step")
-        layout = fixed_layout(request)
-        knobs = Knobs(
-            micro_batch_size=micro_batch_size,
-            grad_accum_steps=per_rank // micro_batch_size,
-            precision=policies[0],
-            checkpoint_blocks=blocks,
-            checkpoint_policy=ckpt_policy or CheckpointPolicy.FULL,
-            save_list=saved,
-            parallel=layout,
-            fsdp_grad_sync=grad_sync,
-        )
-        return estimate_plan(model, training, hw, knobs, hbm=cap)
+    asked = _Asked(
+        hw=hw, cap=hbm_cap(hw, hbm), gpus=gpus, policies=_policies(precisions), micro_batch_size=micro_batch_size,
+        blocks=_checkpoint_blocks(checkpoint, model.n_layers), checkpoint_policy=ckpt_policy,
+        save_list=save_list if isinstance(save_list, SaveList) else parse_save_list(save_list or "torchtitan"),
+        grad_sync=_grad_sync(fsdp_grad_sync, gpus, zero_stage), allow_segments=allow_segments,
+        layout=checked_request(model, LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tp, cp=cp, ep=ep,
+                                                    sp=sequence_parallel)))
+    if asked.fixed:
+        return _fixed_plan(model, training, asked)
+    from search.study import SamplerKind, SearchOptions
 
-    from search.space import build_space
-    from search.study import SamplerKind, SearchOptions, run_search
-
-    space = build_space(model, training, hw, policies, micro_batch_size, blocks, allow_segments, gpus, zero_stage, grad_sync, tensor_parallel=request.tp, sequence_parallel=sequence_parallel,
-                        context_parallel=request.cp, checkpoint_policy=ckpt_policy, save_list=saved,
-                        expert_parallel=request.ep)
     if sampler not in {k.value for k in SamplerKind}:
         raise ConfigError(f"--sampler: {sampler!r} is not a sampler; use {', '.join(k.value for k in SamplerKind)}")
     try:
@@ -222,29 +203,85 @@ def plan(
                                 study_name=study_name)
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error, "search options")) from None
+    return _searched_plan(model, training, asked, options, on_trial, on_stage)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a ``plan`` call asks for, its flags checked."""
+
+    hw: HardwareProfile
+    cap: int
+    gpus: int
+    policies: tuple[PrecisionPolicy, ...] | None
+    micro_batch_size: int | None
+    blocks: tuple[int, ...] | None
+    checkpoint_policy: CheckpointPolicy | None
+    save_list: SaveList
+    grad_sync: GradSync
+    allow_segments: bool
+    layout: LayoutRequest
+
+    @property
+    def fixed(self) -> bool:
+        """Every knob given: one configuration to price, nothing to search."""
+        return (self.micro_batch_size is not None and self.policies is not None and len(self.policies) == 1
+                and self.blocks is not None and self.layout.fixed)
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(world_size=max(self.gpus, 1), gpus_per_node=self.hw.gpus_per_node)
+
+
+def _fixed_plan(model: ModelConfig, training: TrainConfig, asked: _Asked) -> PlanResult:
+    """The estimate of the one configuration every flag fixes."""
+    request, micro_batch_size, policies = asked.layout, asked.micro_batch_size, asked.policies
+    assert micro_batch_size is not None and policies is not None and asked.blocks is not None
+    check_fixed_request(model, training, request, asked.hw.gpus_per_node)
+    per_rank = training.global_batch_size * (request.tp or 1) * (request.cp or 1) // asked.gpus
+    if micro_batch_size <= 0 or per_rank % micro_batch_size:
+        raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_rank} "
+                          "sequences each data-parallel rank gets per step")
+    knobs = Knobs(
+        micro_batch_size=micro_batch_size,
+        grad_accum_steps=per_rank // micro_batch_size,
+        precision=policies[0],
+        checkpoint_blocks=asked.blocks,
+        checkpoint_policy=asked.checkpoint_policy or CheckpointPolicy.FULL,
+        save_list=asked.save_list,
+        parallel=fixed_layout(request),
+        fsdp_grad_sync=asked.grad_sync,
+    )
+    return estimate_plan(model, training, asked.hw, knobs, hbm=asked.cap)
+
+
+def _searched_plan(model: ModelConfig, training: TrainConfig, asked: _Asked, options: SearchOptions,
+                   on_trial: Callable[[int, int], None] | None, on_stage: Callable[[str], None] | None) -> PlanResult:
+    """The fastest plan of the space the flags leave open, or ``InfeasibleError`` with the
+    smallest plan and the fewest GPUs that would hold one."""
+    from search.space import build_space
+    from search.study import run_search
+
+    hw, cap, request = asked.hw, asked.cap, asked.layout
+    space = build_space(model, training, hw, asked.policies, asked.micro_batch_size, asked.blocks,
+                        asked.allow_segments, asked.gpus, request.zero_stage, asked.grad_sync,
+                        tensor_parallel=request.tp, sequence_parallel=request.sp, context_parallel=request.cp,
+                        checkpoint_policy=asked.checkpoint_policy, save_list=asked.save_list,
+                        expert_parallel=request.ep)
     outcome = run_search(model, training, hw, cap, space, options, on_trial, on_stage)
+    summary = summarize_model(model)
     if outcome.best is None:
         if outcome.closest is None:
             raise InfeasibleError(f"nothing fits in {cap} bytes on {hw.name}, and no plan could be priced")
-        closest = Plan(model=summarize_model(model), training=training, hardware=hw, hbm_cap_bytes=cap,
-                             parallel=parallel, best=outcome.closest, search=outcome.stats)
+        closest = Plan(model=summary, training=training, hardware=hw, hbm_cap_bytes=cap, parallel=asked.parallel,
+                       best=outcome.closest, search=outcome.stats)
         if on_stage is not None:
             on_stage("nothing fits: finding the fewest GPUs that would hold it")
-        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, _scale_out(
-            model, training, hw, cap, space.precisions, gpus, grad_sync, allow_segments, ckpt_policy,
-            saved)),
-            closest=closest)
-    return Plan(
-        model=summarize_model(model),
-        training=training,
-        hardware=hw,
-        hbm_cap_bytes=cap,
-        parallel=parallel,
-        best=outcome.best,
-        alternatives=outcome.alternatives,
-        pareto=outcome.pareto,
-        search=outcome.stats,
-    )
+        advice = _scale_out(model, training, hw, cap, space.precisions, asked.gpus, asked.grad_sync,
+                            asked.allow_segments, asked.checkpoint_policy, asked.save_list)
+        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, advice), closest=closest)
+    return Plan(model=summary, training=training, hardware=hw, hbm_cap_bytes=cap, parallel=asked.parallel,
+                best=outcome.best, alternatives=outcome.alternatives, pareto=outcome.pareto, search=outcome.stats)
 
 
 def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap: int,
