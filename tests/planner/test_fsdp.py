@@ -95,7 +95,7 @@ def test_communication_volume_is_the_zero_papers() -> None:
     _, _, layout3 = _layout(PROBE, "fp32", 8, stage=3)
     parallel = ParallelConfig(world_size=8)
     ddp_knobs = knobs.model_copy(update={"parallel": ParallelDims.data_parallel_of(8, 0)})
-    ddp = strategy_for(ddp_knobs.parallel).bytes_moved(graph, HW, ddp_knobs, 8)
+    ddp = strategy_for(ddp_knobs.parallel).bytes_moved(graph, HW, ddp_knobs)
     stage2 = fsdp_communication(layout2, HW, parallel, 1, 1.0, 2.0)
     stage3 = fsdp_communication(layout3, HW, parallel, 1, 1.0, 2.0)
     assert stage2.bytes_moved == pytest.approx(ddp, rel=0.002)  # padding and 512-byte rounding
