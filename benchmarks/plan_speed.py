@@ -3,11 +3,14 @@ second the planner prices.
 
     python benchmarks/plan_speed.py            # prints the figures; exits 1 if a target is missed
     python benchmarks/plan_speed.py --no-validate   # without the validate run (no torch needed)
+    python benchmarks/plan_speed.py --presets-only  # only every bundled preset on 8 GPUs
 
 Targets on a 2-core machine: `plan` for llama3-405b with every knob fixed in under 1 s wall,
 never importing torch; `plan --model llama2-7b --hardware h200` with every knob free (the optuna
 search) in under 3 s wall; the README's main job (`plan --model llama2-7b --hbm 80GB --gpus 8`)
-validated with `validate --mode simulate` in under a minute.
+validated with `validate --mode simulate` in under a minute; every bundled preset planned on 8
+GPUs (`plan --model PRESET --gpus 8`), fitting or not (when nothing fits, the smallest plan and the
+fewest-GPUs advice are part of it), in under 10 s wall each.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ SEARCH = [sys.executable, "-m", "roofplan.cli", "--model", "llama2-7b", "--hardw
 LAYOUTS = [[sys.executable, "-m", "roofplan.cli", "--model", "llama3-70b", "--gpus", "64", "--json"],
            [sys.executable, "-m", "roofplan.cli", "--model", "llama3-405b", "--gpus", "1024", "--json"]]
 MAIN_JOB = ["--model", "llama2-7b", "--hbm", "80GB", "--gpus", "8"]
+PRESET_TARGET_S = 10.0
+PRESET_TIMEOUT_S = 600.0  # a preset past it is reported as such, so the row always finishes
 # prints whether plan imported torch on stderr's last line (an exit status could not tell: plan's own
 # "nothing fits" is 1, as a failed assert is)
 NO_TORCH = ("import sys; sys.argv = ['plan', *sys.argv[1:]]; "
@@ -38,6 +43,32 @@ def wall_times(command: list[str], repeats: int = 5) -> list[float]:
         subprocess.run(command, capture_output=True, check=False)
         times.append(time.perf_counter() - start)
     return times
+
+
+def preset_times() -> list[tuple[str, float, str]]:
+    """(preset, wall seconds, outcome) of `plan --model PRESET --gpus 8 --json` for every bundled
+    preset; the outcome is "fits", "nothing fits" (exit status 1) or what went wrong."""
+    from planner.model.sources import list_presets
+
+    rows = []
+    for name in list_presets():
+        command = [sys.executable, "-m", "roofplan.cli", "--model", name, "--gpus", "8", "--json"]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, check=False, timeout=PRESET_TIMEOUT_S)
+            outcome = {0: "fits", 1: "nothing fits"}.get(done.returncode, f"exit {done.returncode}")
+        except subprocess.TimeoutExpired:
+            outcome = f"stopped after {PRESET_TIMEOUT_S:.0f} s"
+        rows.append((name, time.perf_counter() - start, outcome))
+    return rows
+
+
+def presets_row() -> bool:
+    """Print every preset's wall time on 8 GPUs; whether each is under the target."""
+    rows = preset_times()
+    for name, wall_s, outcome in rows:
+        print(f"plan --model {name} --gpus 8 ({outcome}): {wall_s:.2f} s wall; target < {PRESET_TARGET_S:.0f} s")
+    return all(wall_s < PRESET_TARGET_S and outcome in ("fits", "nothing fits") for _, wall_s, outcome in rows)
 
 
 def search_points_per_second() -> tuple[float, float]:
@@ -97,6 +128,8 @@ def validate_main_job() -> float:
 
 
 def main() -> int:
+    if "--presets-only" in sys.argv:
+        return 0 if presets_row() else 1
     fixed = wall_times(COMMAND)
     search = wall_times(SEARCH, repeats=3)
     torch_free = subprocess.run([sys.executable, "-c", NO_TORCH, *COMMAND[3:]], capture_output=True, check=False)
@@ -117,6 +150,7 @@ def main() -> int:
         layout_s = statistics.median(wall_times(command, repeats=1))
         print(f"plan {' '.join(command[3:-1])}, layout searched: {layout_s:.2f} s wall; target < 10 s")
         ok = ok and layout_s < 10.0
+    ok = presets_row() and ok
     if "--no-validate" not in sys.argv:
         validate_s = validate_main_job()
         print(f"validate --mode simulate on the main job (plan {' '.join(MAIN_JOB)}): {validate_s:.1f} s wall; "

@@ -2,7 +2,8 @@
 
 Step time grows with every checkpointed block, so the fastest placement that fits is the one
 with the fewest checkpointed blocks whose peak fits; among placements with that count, the
-exact solver (``planner.memory.placement``) picks the one with the lowest peak. When even
+exact solver (``planner.memory.placement``; ``planner.memory.placement_kinds`` where the blocks
+are of several kinds) picks the one with the lowest peak. When even
 checkpointing every block alone does not fit, segments of consecutive blocks checkpointed as one
 unit (Chen et al. 2016, "Training deep nets with sublinear memory cost": segments of about
 sqrt(L) blocks) keep fewer block inputs. The chosen knobs are priced again by the full memory
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 
 from hardware.profile import HardwareProfile
 from planner.graph.layer_graph import LayerGraph
-from planner.memory.placement import NotDecomposableError, PlacementProfile, placement_profile
-from planner.memory.step import Phase, Timeline, checkpoint_units, recomputed_by_unit, simulate_step
+from planner.memory.placement import NotDecomposableError, PlacementProfile, optimizer_step_bytes, placement_profile
+from planner.memory.placement_kinds import block_kinds, exact_profile
+from planner.memory.step import Phase, StaticMemory, Timeline, checkpoint_units, recomputed_by_unit, simulate_step
 from planner.model.config import ModelConfig, TrainConfig
 from planner.parallel.strategies import strategy_for
 from planner.plan.checkpointing import CheckpointPolicy, modelled_with_context_parallelism
@@ -28,6 +30,7 @@ from planner.program.estimate import (
     device_bytes,
     estimate,
     peak_lower_bound,
+    rank_graph,
     static_for,
     step_program,
 )
@@ -37,7 +40,8 @@ from planner.timing.op_times import TimeBreakdown
 from search.mixed import mixed_points
 
 BRUTE_FORCE_MAX_BLOCKS = 12
-# blocks that differ, too many to enumerate: this many counts of checkpointed blocks (earliest first)
+# blocks of more kinds than the exact solver separates, too many to enumerate: this many counts of
+# checkpointed blocks (earliest first)
 FALLBACK_COUNTS = 13
 
 
@@ -79,18 +83,17 @@ def _per_block_curve(
     if not plain:
         plain.append(simulate_step(graph, static, hw.round_alloc, checkpoint_units(model.n_layers, ()),
                                    base.schedule, record_trace=True))
-    try:
-        profile = placement_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed, policy, save,
-                                    plain[0])
-        if profiles is not None:
+    try:  # blocks alike (planner.memory.placement) or of a few kinds (planner.memory.placement_kinds)
+        profile = exact_profile(graph, static, hw.round_alloc, base.schedule, all_checkpointed, policy, save, plain[0])
+        if profiles is not None and isinstance(profile, PlacementProfile):  # the two-policy solver needs alike blocks
             profiles[policy] = profile
         return profile.min_peak_by_count()
     except NotDecomposableError:
         pass
     n = model.n_layers
     best: dict[int, tuple[int, tuple[int, ...]]] = {}
-    # too many blocks to enumerate (blocks that differ: DeepSeek's dense first layers): earliest
-    # first, at FALLBACK_COUNTS counts from none to all (each walk is a whole step)
+    # blocks of more kinds than the exact solver separates, too many to enumerate: earliest first,
+    # at FALLBACK_COUNTS counts from none to all (each walk is a whole step)
     counts = sorted({round(j * n / (FALLBACK_COUNTS - 1)) for j in range(FALLBACK_COUNTS)})
     statuses = itertools.product((0, 1), repeat=n) if n <= BRUTE_FORCE_MAX_BLOCKS else (
         tuple(1 if i < k else 0 for i in range(n)) for k in counts
@@ -168,8 +171,9 @@ def evaluate(
             all_peak = runs[policy].all_peak
     if mix_policies and len(runs) > 1 and not _fits_plain(points, cap_bytes) and any(
             p.device_bytes <= cap_bytes for p in points):
+        alike = len(set(block_kinds(graph))) == 1  # the two-policy solver needs blocks alike
         for policy, run in runs.items():  # a policy too big on its own can still mix
-            if policy not in profiles and plain:
+            if alike and policy not in profiles and plain:
                 try:
                     profiles[policy] = placement_profile(graph, static, hw.round_alloc, base.schedule, run.all_walk,
                                                          policy, base.save_list, plain[0])
@@ -244,6 +248,24 @@ def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
     return _PolicyRun(points=points, all_walk=all_walk, all_peak=all_peak, rerun_s=rerun_s, compute=compute)
 
 
+def static_floor_bytes(static: StaticMemory) -> int:
+    """A lower bound of every placement's peak, without a walk: at the optimizer step the rank holds
+    its parameters, optimizer state, data batch and every gradient, plus the step's temporaries
+    (tests/search/test_least_memory.py checks it against the walk's optimizer step)."""
+    return (static.params_bytes + static.optimizer_bytes + static.data_bytes + static.grads_bytes
+            + static.optimizer_step_temp_bytes)
+
+
+def forward_floor_bytes(every_checkpointed: Timeline) -> int:
+    """A lower bound of the peak of every per-block placement, of every policy: the largest forward
+    or optimizer-step event of the walk with every block checkpointed whole (recorded with its
+    trace). A forward keeps only each block's input there, and another placement or policy holds
+    at each forward event what it does plus what it keeps on top; the optimizer step sees no
+    activation at all. Segments keep fewer block inputs, so they are not bounded by it
+    (tests/search/test_least_memory.py checks the bound against every placement of small models)."""
+    return max(e.live_bytes for e in every_checkpointed.trace if e.phase in (Phase.FORWARD, Phase.OPTIMIZER))
+
+
 def least_memory_at(
     model: ModelConfig,
     training: TrainConfig,
@@ -252,28 +274,57 @@ def least_memory_at(
     fixed_checkpoint: tuple[int, ...] | None = None,
     allow_segments: bool = True,
     policies: tuple[CheckpointPolicy, ...] = (CheckpointPolicy.FULL,),
+    above_bytes: int | None = None,
 ) -> tuple[Knobs, int]:
     """The placement of ``base`` (micro-batch, precision, sharding) with the least peak allocated
     bytes, and that peak: the exact solver's lowest peak over every count of checkpointed blocks
     of every policy (ties: the first policy, fewer blocks, so less recompute) and every uniform
-    segmentation the search may choose."""
+    segmentation the search may choose.
+
+    No placement goes below the live bytes at the optimizer step (``static_floor_bytes``, found
+    without a walk, and ``optimizer_step_bytes``: no activation is left), nor, where segments are
+    not allowed, below ``forward_floor_bytes`` of the walk with every block checkpointed whole,
+    which the solver needs anyway. The options stop at the first that reaches that floor (a later
+    one could only tie, and ties go to the first). With ``above_bytes`` (device bytes), a point
+    whose floor already needs more returns ``base`` and the floor, unsolved: the caller wants only
+    plans within ``above_bytes``."""
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
         return knobs, estimate(model, training, hw, knobs, None).memory.peak_allocated_bytes
+    graph = rank_graph(model, training, base, check_knobs(model, training, hw, base), hw)
+    floor = static_floor_bytes(static_for(graph, hw, training, base))
+    if above_bytes is not None and device_bytes(floor, hw) > above_bytes:
+        return base, floor  # not one walk
     program = step_program(model, training, hw, base)
-    graph = program.busiest.graph
-    every = tuple(range(model.n_layers))
+    n, segments = model.n_layers, allow_segments and strategy_for(base.parallel).allows_segments
+    every = {CheckpointPolicy.FULL: _every_walk(program, base, CheckpointPolicy.FULL)}
+    floor = max(floor, optimizer_step_bytes(every[CheckpointPolicy.FULL]),
+                0 if segments else forward_floor_bytes(every[CheckpointPolicy.FULL]))  # no segment: per block
+    if above_bytes is not None and device_bytes(floor, hw) > above_bytes:
+        return base, floor
+    plain = [program.walk(checkpoint_units(n, ()), record_trace=True)]
+    valid = [p for p in policies if modelled_with_context_parallelism(p, base.parallel.cp)]
+    if valid and plain[0].peak.bytes == floor:  # nothing checkpointed already reaches the floor
+        return base.model_copy(update={"checkpoint_policy": valid[0], "checkpoint_blocks": ()}), floor
     options: list[tuple[int, Knobs]] = []
-    for policy in [p for p in policies if modelled_with_context_parallelism(p, base.parallel.cp)]:
+    for policy in valid:
         knobs = base.model_copy(update={"checkpoint_policy": policy})
-        all_walk = program.walk(checkpoint_units(model.n_layers, every, (), policy, knobs.save_list),
-                                record_trace=True)
-        peak, placement = min(_per_block_curve(model, training, hw, knobs, graph, all_walk), key=lambda c: c[0])
+        all_walk = every[policy] if policy in every else _every_walk(program, knobs, policy)
+        curve = _per_block_curve(model, training, hw, knobs, program.busiest.graph, all_walk, plain)
+        peak, placement = min(curve, key=lambda c: c[0])
         options.append((peak, knobs.model_copy(
             update={"checkpoint_blocks": tuple(i for i, s in enumerate(placement) if s)})))
-    if allow_segments and strategy_for(base.parallel).allows_segments:  # as the search
-        for segments in segment_plans(model.n_layers):
-            knobs = base.model_copy(update={"checkpoint_segments": segments})
+        if peak == floor:  # the first option to reach the floor: a later one could only tie
+            return options[-1][1], peak
+    if segments:  # as the search
+        for plan in segment_plans(n):
+            knobs = base.model_copy(update={"checkpoint_segments": plan})
             options.append((estimate(model, training, hw, knobs, None).memory.peak_allocated_bytes, knobs))
     peak, knobs = min(options, key=lambda option: option[0])  # ties: the first (no segments)
     return knobs, peak
+
+
+def _every_walk(program: StepProgram, knobs: Knobs, policy: CheckpointPolicy) -> Timeline:
+    """The walk of ``program`` with every block checkpointed with ``policy``, with its trace."""
+    n = program.busiest.graph.model.n_layers
+    return program.walk(checkpoint_units(n, tuple(range(n)), (), policy, knobs.save_list), record_trace=True)

@@ -9,7 +9,11 @@ which points a sampler happened to visit, so it is found directly, exactly, for 
   segments are allowed, every uniform segmentation (``search.candidates.segment_plans``);
 - over the points, a branch and bound: each point's ``peak_lower_bound`` (what every placement
   of it reaches, found without building the graph) orders them and prunes every point whose
-  bound is above the best found. Micro-batch size is not assumed monotone: without
+  bound is above the best found; a point that passes is then pruned, without a walk, when what it
+  holds at the optimizer step is above the best found (for ``first_fitting``: above the cap), or
+  else after one walk (every block checkpointed) on that walk's optimizer step and, without
+  segments, its forward, which every placement reaches (``search.candidates.least_memory_at``).
+  Micro-batch size is not assumed monotone: without
   accumulation the gradients are absent during the forward, so the largest micro-batch can need
   less memory than a smaller one with accumulation (tests/planner/test_properties.py).
 
@@ -53,7 +57,7 @@ def first_fitting(
         if bound > cap_bytes:
             return None
         knobs, peak = least_memory_at(model, training, hw, points[i], space.fixed_checkpoint, space.allow_segments,
-                                      space.checkpoint_policies)
+                                      space.checkpoint_policies, above_bytes=cap_bytes)
         if device_bytes(peak, hw) <= cap_bytes:
             return Smallest(knobs=knobs, device_bytes=device_bytes(peak, hw), n_points=len(points), n_priced=i + 1)
     return None
@@ -82,7 +86,7 @@ def smallest_plan(
         if best is not None and bound > best[0]:
             break
         knobs, peak = least_memory_at(model, training, hw, points[i], space.fixed_checkpoint, space.allow_segments,
-                                      space.checkpoint_policies)
+                                      space.checkpoint_policies, above_bytes=None if best is None else best[0])
         priced += 1
         need = device_bytes(peak, hw)
         if best is None or need <= best[0]:

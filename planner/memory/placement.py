@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from planner.errors import PlannerError
 from planner.graph.layer_graph import LayerGraph
@@ -37,6 +38,7 @@ from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, S
 from planner.plan.schedule import Schedule
 
 _FORWARD, _BACKWARD = "fwd", "bwd"
+_BIG = 1 << 62  # no placement reaches it: the dynamic program's "unreachable"
 
 
 class NotDecomposableError(PlannerError):
@@ -89,35 +91,52 @@ class PlacementProfile:
         return max(best, self._tail_peak(sum(statuses)))
 
     def min_peak_by_count(self) -> list[tuple[int, tuple[int, ...]]]:
-        """For k = 0..L checkpointed blocks: (lowest peak, one placement achieving it)."""
+        """For k = 0..L checkpointed blocks: (lowest peak, one placement achieving it).
+
+        ``best[c]`` after block i: the lowest running peak over blocks <= i with c of them
+        checkpointed; block i + 1 then sees prefix c D[1] + (i + 1 - c) D[0] on every key, so one
+        numpy row per count (int64: exact) carries the program; ties checkpoint the earlier block."""
+        import numpy as np
+
         n = self.n_blocks
-        inf = float("inf")
-        best: list[float] = [0.0] + [inf] * n  # lowest running peak with c of the blocks so far checkpointed
-        choices: list[list[int]] = []
+        keys = list(dict.fromkeys([*self.step[0], *(k for t in (self.first, self.terms, self.last)
+                                                    for terms in t.values() for k in terms)]))
+        counts = np.arange(n + 1, dtype=np.int64)[:, None]
+        step0, step1 = (np.array([self.step[s].get(k, 0) for k in keys], dtype=np.int64) for s in (0, 1))
+        best = np.full(n + 1, _BIG, dtype=np.int64)
+        best[0] = 0
+        choices = []
         for i in range(n):
-            new: list[float] = [inf] * (n + 1)
-            pick = [-1] * (n + 1)
-            for c in range(i + 1):
-                if best[c] == inf:
-                    continue
-                prefix = {key: c * self.step[1][key] + (i - c) * self.step[0][key] for key in self.step[0]}
-                for s in (0, 1):
-                    value = max(best[c], self._block_peak(i, self._kind(s, c > 0), prefix))
-                    target = c + s
-                    if value < new[target] or (value == new[target] and s == 1):
-                        new[target], pick[target] = value, s  # ties: checkpoint the earlier block
-            best = new
+            prefix = counts * step1 + (i - counts) * step0
+            plain = np.where(counts[:, 0] > 0, self._block_peaks(i, _AFTER, prefix, keys),
+                             self._block_peaks(i, _NONE, prefix, keys))
+            stay = np.maximum(best, plain)
+            moved = np.full_like(best, _BIG)
+            moved[1:] = np.maximum(best[:-1], self._block_peaks(i, _CKPT, prefix, keys)[:-1])
+            pick = (moved <= stay) & (moved < _BIG)  # ties: checkpoint the earlier block
+            best = np.where(pick, moved, stay)
             choices.append(pick)
         out: list[tuple[int, tuple[int, ...]]] = []
         for k in range(n + 1):
             statuses: list[int] = []
             c = k
             for i in range(n - 1, -1, -1):
-                s = choices[i][c]
+                s = int(choices[i][c])
                 statuses.append(s)
                 c -= s
-            out.append((int(max(best[k], self._tail_peak(k))), tuple(reversed(statuses))))
+            out.append((int(max(int(best[k]), self._tail_peak(k))), tuple(reversed(statuses))))
         return out
+
+    def _block_peaks(self, index: int, kind: int, prefix: Any, keys: list[tuple[int, str]]) -> Any:
+        """Block ``index``'s peak as ``kind`` for each row of ``prefix`` (count x key)."""
+        import numpy as np
+
+        place = self.first if index == 0 else self.last if index == self.n_blocks - 1 else self.terms
+        terms = place.get(kind) if index else place.get(_NONE if kind == _AFTER else kind)
+        if terms is None:
+            return np.full(len(prefix), _BIG, dtype=np.int64)
+        tops = np.array([max(terms[k]) if k in terms else -_BIG for k in keys], dtype=np.int64)
+        return (prefix + tops).max(axis=1)
 
 
 def _group(phase: Phase) -> str:
@@ -128,17 +147,25 @@ def _split(graph: LayerGraph, trace: tuple[TraceEvent, ...]) -> tuple[dict[tuple
     """Block events by (micro-batch, group, block) in order, and the other events in order."""
     blocks: dict[tuple[int, str, int], list[int]] = defaultdict(list)
     outside: list[int] = []
-    block_of = graph.block_of
+    block_of, forward = graph.block_of, Phase.FORWARD
     for event in trace:
         block = block_of.get(event.op)
         if block is None:
             outside.append(event.live_bytes)
         else:
-            blocks[(event.micro_batch, _group(event.phase), block)].append(event.live_bytes)
+            group = _FORWARD if event.phase is forward else _BACKWARD  # _group, inlined: a walk has ~1e5 events
+            blocks[(event.micro_batch, group, block)].append(event.live_bytes)
     return blocks, outside
 
 
 MIN_BLOCKS = 4  # shorter chains are cheap to enumerate with the walk itself
+
+
+def optimizer_step_bytes(timeline: Timeline) -> int:
+    """Live bytes at the optimizer step of a walk recorded with its trace: every backward has
+    freed its activations, so every placement (and segmentation, and policy) of the same graph and
+    schedule reaches them; a lower bound of each one's peak."""
+    return max(event.live_bytes for event in timeline.trace if event.phase is Phase.OPTIMIZER)
 
 
 def placement_profile(
@@ -184,23 +211,22 @@ def placement_profile(
         (micro, group): [v - step[1][(micro, group)] for v in values]
         for (micro, group, block), values in after.items() if block == 1
     }
-    checks = (
-        (runs["none"][0], lambda i: [_NONE] * i + [_NONE]),
-        (runs["all"][0], lambda i: [_CKPT] * (i + 1)),
-        (after, lambda i: [_CKPT] + [_AFTER] * i),
+    checks = (  # each walk's blocks past 0: their kind, and how many earlier blocks are checkpointed
+        (runs["none"][0], _NONE, lambda i: 0),
+        (runs["all"][0], _CKPT, lambda i: i),
+        (after, _AFTER, lambda i: 1),
     )
     last: dict[int, Terms] = {kind: dict(t) for kind, t in terms.items()}
-    for events, kinds_of in checks:  # linearity, event by event
+    for events, kind, checkpointed in checks:  # linearity, event by event
         for (micro, group, block), values in events.items():
             if block == 0:
                 continue
             key = (micro, group)
-            kinds = kinds_of(block)
-            prefix = sum(step[1 if k == _CKPT else 0][key] for k in kinds[:block])
-            if values == [v + prefix for v in terms[kinds[block]][key]]:
+            prefix = checkpointed(block) * step[1][key] + (block - checkpointed(block)) * step[0][key]
+            if values == [v + prefix for v in terms[kind][key]]:
                 continue
             if block == n - 1:  # the last block may differ (FSDP2: no later unit's buffer held)
-                last[kinds[block]][key] = [v - prefix for v in values]
+                last[kind][key] = [v - prefix for v in values]
                 continue
             raise NotDecomposableError(
                 f"block {block} does not repeat block 1 ({micro=}, {group=}); placement needs identical blocks"

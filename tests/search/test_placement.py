@@ -104,23 +104,52 @@ def test_early_blocks_are_cheaper_to_checkpoint() -> None:
     assert singles[0] < singles[5]
 
 
-def test_blocks_that_differ_fall_back_to_counts_of_earliest_blocks() -> None:
-    """Dense first blocks before MoE blocks (DeepSeek-V3's three) do not decompose; beyond BRUTE_FORCE_MAX_BLOCKS the
-    curve walks FALLBACK_COUNTS counts (none and every block included), earliest blocks first,
-    each priced by a whole walk."""
+def _curve_setup(model: ModelConfig):  # noqa: ANN202
     from planner.program.estimate import rank_graph
-    from search.candidates import BRUTE_FORCE_MAX_BLOCKS, FALLBACK_COUNTS, _per_block_curve
+
+    training = TrainConfig(seq_len=64, global_batch_size=2)
+    knobs = Knobs(micro_batch_size=2)
+    graph = rank_graph(model, training, knobs, check_knobs(model, training, HW, knobs), HW)
+    static = static_for(graph, HW, training, knobs)
+    n = model.n_layers
+    every = simulate_step(graph, static, HW.round_alloc, checkpoint_units(n, tuple(range(n))), knobs.schedule,
+                          record_trace=True)
+    return training, knobs, graph, static, every
+
+
+def test_blocks_of_two_kinds_beyond_brute_force_are_solved_exactly() -> None:
+    """Dense first blocks before MoE blocks (DeepSeek-V3's three), more than BRUTE_FORCE_MAX_BLOCKS:
+    every count gets the exact solver's placement (tests/search/test_placement_kinds.py checks it
+    against brute force on fewer blocks), each priced as its own walk prices it, and never above
+    the earliest blocks of that count (what the fallback walked)."""
+    from search.candidates import BRUTE_FORCE_MAX_BLOCKS, _per_block_curve
 
     n = BRUTE_FORCE_MAX_BLOCKS + 2
     model = ModelConfig(family="mixtral", n_layers=n, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, vocab_size=256,
                         moe=dict(n_experts=4, top_k=2, d_ff_expert=64, first_dense_layers=3))
-    training = TrainConfig(seq_len=64, global_batch_size=2)
-    knobs = Knobs(micro_batch_size=2)
-    spec = check_knobs(model, training, HW, knobs)
-    graph = rank_graph(model, training, knobs, spec, HW)
-    static = static_for(graph, HW, training, knobs)
-    every = simulate_step(graph, static, HW.round_alloc, checkpoint_units(n, tuple(range(n))), knobs.schedule,
-                          record_trace=True)
+    training, knobs, graph, static, every = _curve_setup(model)
+    curve = _per_block_curve(model, training, HW, knobs, graph, every)
+    assert [sum(placement) for _, placement in curve] == list(range(n + 1))
+    for k, (peak, placement) in enumerate(curve):
+        units = checkpoint_units(n, [i for i in range(n) if placement[i]])
+        assert peak == simulate_step(graph, static, HW.round_alloc, units, knobs.schedule).peak.bytes
+        earliest = simulate_step(graph, static, HW.round_alloc, checkpoint_units(n, range(k)), knobs.schedule)
+        assert peak <= earliest.peak.bytes
+
+
+def test_blocks_of_many_kinds_fall_back_to_counts_of_earliest_blocks() -> None:
+    """Four kinds of block (gpt-oss's alternating windows with two dense first blocks) do not
+    decompose; beyond BRUTE_FORCE_MAX_BLOCKS the curve walks FALLBACK_COUNTS counts (none and
+    every block included), earliest blocks first, each priced by a whole walk."""
+    from search.candidates import BRUTE_FORCE_MAX_BLOCKS, FALLBACK_COUNTS, _per_block_curve
+
+    n = BRUTE_FORCE_MAX_BLOCKS + 2
+    moe = dict(n_experts=4, top_k=2, d_ff_expert=48, expert_bias=True, router_bias=True, norm_topk_prob=False,
+               expert_activation="clamped-swiglu", scoring="topk-softmax", first_dense_layers=2)
+    model = ModelConfig(family="gpt_oss", n_layers=n, d_model=64, n_heads=4, n_kv_heads=2, attention_head_dim=24,
+                        d_ff=48, vocab_size=256, attention="eager", sliding_window=16, moe=moe,
+                        layer_types=tuple(("sliding_attention", "full_attention")[i % 2] for i in range(n)))
+    training, knobs, graph, static, every = _curve_setup(model)
     curve = _per_block_curve(model, training, HW, knobs, graph, every)
     counts = [sum(placement) for _, placement in curve]
     assert counts[0] == 0 and counts[-1] == n and len(counts) == FALLBACK_COUNTS

@@ -158,3 +158,24 @@ def test_on_a_terminal_the_message_comes_after_the_progress_bar(capsys: pytest.C
     start = next(i for i, line in enumerate(lines) if line.startswith("plan: nothing fits"))
     assert any("searching" in line for line in lines[:start])  # the bar was drawn, before the message
     assert not any("searching" in line or "finding the" in line for line in lines[start:]), lines[start:]
+
+
+def test_more_gpus_can_need_more_memory_per_gpu() -> None:
+    """The fewest-GPUs walk tries every count in order (pruned by lower bounds, never bisected):
+    memory per GPU is not monotone in the count. The tensor- and context-parallel degrees multiply
+    to a divisor of the count, so 4 GPUs split a long sequence over 4 ranks (tp 2 x cp 2) and 6
+    GPUs over at most 2: 6 GPUs need more per GPU than 4."""
+    model = ModelConfig(family="llama", n_layers=2, d_model=256, n_heads=8, d_ff=512, vocab_size=512,
+                        max_seq_len=16384)
+    training = TrainConfig(seq_len=16384, global_batch_size=6)
+    precisions = (PrecisionPolicy.BF16_MIXED,)
+
+    def least(gpus: int) -> int:
+        space = build_space(model, training, HW, precisions, gpus=gpus, tensor_parallel=None, context_parallel=None,
+                            expert_parallel=None)
+        return smallest_plan(model, training, HW, space).device_bytes
+
+    four, six, eight = least(4), least(6), least(8)
+    assert four < six and eight <= four
+    found = fewest_gpus(model, training, HW, four, precisions, start=4)
+    assert found is not None and found[0] == 8
