@@ -25,6 +25,12 @@ from planner.precision import PrecisionSpec
 from planner.timing.step_time import Collectives
 
 
+def _synced_bytes(graph: LayerGraph) -> tuple[list[int], int]:
+    """Each gradient's bytes (what the buckets all-reduce) and the parameters' (what ZeRO-1 broadcasts)."""
+    return ([n * graph.precision.grad_dtype.n_bytes for n in graph.grad_tensors.values()],
+            graph.n_params * graph.precision.param_dtype.n_bytes)
+
+
 class Ddp(SingleDevice):
     """DDP over the data-parallel ranks: replicated model, all-reduced gradients."""
 
@@ -48,14 +54,10 @@ class Ddp(SingleDevice):
                               gpus_per_node=knobs.parallel.ranks_per_node(Group.DP, hw.gpus_per_node))
 
     def collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> Collectives:
-        grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.grad_tensors.values()]
-        param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
-        return ddp_collectives(grad_bytes, param_bytes, self.shards_optimizer, hw, self._group(knobs, hw))
+        return ddp_collectives(*_synced_bytes(graph), self.shards_optimizer, hw, self._group(knobs, hw))
 
     def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> float:
-        grad_bytes = [n * graph.precision.grad_dtype.n_bytes for n in graph.grad_tensors.values()]
-        param_bytes = graph.n_params * graph.precision.param_dtype.n_bytes
-        return ddp_bytes_moved(grad_bytes, param_bytes, self.shards_optimizer, self._group(knobs, hw))
+        return ddp_bytes_moved(*_synced_bytes(graph), self.shards_optimizer, self._group(knobs, hw))
 
     def _grads_at_loss(self, knobs: Knobs) -> bool:
         return True  # DDP's buckets exist for the whole step
