@@ -180,7 +180,7 @@ def evaluate(
                 except NotDecomposableError:
                     pass
         single = [c for run in runs.values() for c in run.compute]
-        points += mixed_points(profiles, {p: r.rerun_s for p, r in runs.items()}, single, cap_bytes, graph, hw,
+        points += mixed_points(profiles, {p: r.rerun_s for p, r in runs.items()}, single, cap_bytes, program,
                                base, no_recompute)
     fitting = [p for p in points if p.device_bytes <= cap_bytes]
     # segments keep one input per segment instead of one per block: at best they save all but

@@ -14,28 +14,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from hardware.profile import HardwareProfile
-from planner.graph.layer_graph import LayerGraph
 from planner.memory.placement import NotDecomposableError, PlacementProfile
 from planner.memory.placement_mixed import MixedProfile
 from planner.plan.checkpointing import CheckpointPolicy
 from planner.plan.knobs import Knobs
-from planner.program.estimate import device_bytes, with_communication
+from planner.program.estimate import device_bytes
 from planner.program.results import ParetoPoint
+from planner.program.step_program import StepProgram
 from planner.timing.op_times import TimeBreakdown
 
 
 def mixed_points(
     profiles: dict[CheckpointPolicy, PlacementProfile], rerun_s: dict[CheckpointPolicy, Sequence[float]],
-    single: Sequence[tuple[float, int]], cap_bytes: int, graph: LayerGraph, hw: HardwareProfile, base: Knobs,
+    single: Sequence[tuple[float, int]], cap_bytes: int, program: StepProgram, base: Knobs,
     no_recompute: TimeBreakdown,
 ) -> list[ParetoPoint]:
     """Plans mixing two of ``profiles``' policies, at least one block each (one policy alone is
     the single-policy search's), that fit ``cap_bytes`` and are faster than every single-policy
     plan that fits (``single``: step time before communication, peak bytes), each with less
     memory than every faster mix. ``rerun_s[policy][block]``: the forward time the block's
-    recompute takes under that policy, backward passes included."""
-    fitting = [t for t, peak in single if device_bytes(peak, hw) <= cap_bytes]
+    recompute takes under that policy, backward passes included; ``program``: the point's step
+    program, which places each mix's collectives."""
+    fitting = [t for t, peak in single if device_bytes(peak, program.hw) <= cap_bytes]
     if not fitting:
         return []
     budget_s = min(fitting) - no_recompute.step_time_s  # the recompute a mix must stay under
@@ -47,16 +47,17 @@ def mixed_points(
                 mixed = MixedProfile(profiles[first], profiles[second])
             except NotDecomposableError:
                 continue
-            points += _pair_points(mixed, (first, second), rerun_s, budget_s, cap_bytes, graph, hw, base,
+            points += _pair_points(mixed, (first, second), rerun_s, budget_s, cap_bytes, program, base,
                                    no_recompute)
     return points
 
 
 def _pair_points(
     mixed: MixedProfile, pair: tuple[CheckpointPolicy, CheckpointPolicy],
-    rerun_s: dict[CheckpointPolicy, Sequence[float]], budget_s: float, cap_bytes: int, graph: LayerGraph,
-    hw: HardwareProfile, base: Knobs, no_recompute: TimeBreakdown,
+    rerun_s: dict[CheckpointPolicy, Sequence[float]], budget_s: float, cap_bytes: int, program: StepProgram,
+    base: Knobs, no_recompute: TimeBreakdown,
 ) -> list[ParetoPoint]:
+    hw = program.hw
     n = mixed.a.n_blocks
     mean = [sum(rerun_s[p]) / n for p in pair]  # the blocks are alike: each one's recompute the same
     if min(mean) <= 0 or mean[0] + mean[1] >= budget_s:
@@ -81,6 +82,6 @@ def _pair_points(
         knobs = base.model_copy(update={
             "checkpoint_blocks": blocks, "checkpoint_policy": pair[0],
             "block_policies": tuple((i, pair[1]) for i, s in enumerate(statuses) if s == 2)})
-        step_s = with_communication(graph, hw, knobs, time).step_time_s
+        step_s = program.placed(time).step_time_s
         points.append(ParetoPoint(step_time_s=step_s, device_bytes=device_bytes(int(peak), hw), knobs=knobs))
     return points

@@ -14,7 +14,6 @@ from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hardware.dtypes import DType
 from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
 from planner.cache import IdentityCache
@@ -32,9 +31,8 @@ from planner.plan.knobs import Knobs
 from planner.plan.layouts import check_layout
 from planner.plan.optimizer import optimizer_spec
 from planner.plan.parallel_dims import Group
-from planner.plan.schedule import Schedule
 from planner.precision import PrecisionSpec, precision_spec
-from planner.program.step_program import RankProgram, StepProgram, placed
+from planner.program.step_program import RankProgram, StepProgram
 from planner.timing.op_times import (
     OpGroup,
     OpRoofline,
@@ -44,7 +42,6 @@ from planner.timing.op_times import (
     op_rooflines_of,
     op_times,
     optimizer_time_s,
-    step_time,
 )
 
 
@@ -130,8 +127,6 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
     return spec
 
 
-_NO_STATIC = StaticMemory(params_bytes=0, optimizer_bytes=0, data_bytes=0, grads_bytes=0, optimizer_step_temp_bytes=0)
-_NO_TIMES = OpTimes(names=(), fwd_s=(), bwd_s=(), lower_bound_s=(), fwd_lower_bound_s=())
 _ROOFLINES: IdentityCache[tuple[OpRoofline, ...]] = IdentityCache()
 _GROUPS: IdentityCache[tuple[OpGroup, ...]] = IdentityCache()
 _TIMES: IdentityCache[OpTimes] = IdentityCache()
@@ -170,46 +165,10 @@ def times_of(graph: LayerGraph, hw: HardwareProfile) -> OpTimes:
     return _TIMES.get((graph, hw), (), lambda: op_times(graph.nodes, graph.precision.matmul_precision, hw))
 
 
-def timing(
-    graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, schedule: Schedule, recomputed: frozenset[str],
-    shard_fraction: float = 1.0, state_dtype: DType | None = None,
-) -> tuple[OpTimes, TimeBreakdown]:
-    """Step time of a graph given which ops the checkpointing re-runs (no memory walk needed);
-    ``shard_fraction`` of the parameters is what this rank's optimizer updates, stored in
-    ``state_dtype`` (default: the graph's parameter dtype)."""
-    times = times_of(graph, hw)
-    opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    return times, step_time(times, recomputed, schedule,
-                            optimizer_time_s(graph, opt, hw, shard_fraction, state_dtype))
-
-
-def rank_timing(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, knobs: Knobs,
-                recomputed: frozenset[str]) -> tuple[OpTimes, TimeBreakdown]:
-    """``timing`` of one rank: its optimizer updates its own share, in the stored dtype."""
-    return timing(graph, hw, training, knobs.schedule, recomputed,
-                  shard_fraction=optimizer_shard_fraction(graph, knobs, hw),
-                  state_dtype=precision_spec(knobs.precision).param_dtype)
-
-
 def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> float:
     """The share of the parameters this rank's optimizer updates (ZeRO-1: its largest partition;
     FSDP2: its padded shards)."""
     return strategy_for(knobs.parallel).optimizer_shard_fraction(graph, knobs, hw)
-
-
-def with_communication(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, time: TimeBreakdown) -> TimeBreakdown:
-    """The step time with the data-parallel collectives placed on the rank's timeline
-    (``planner.timing.step_time``; nothing to place on one GPU): what compute does not hide, and the
-    compute that collectives overlap running ``overlap_compute_slowdown`` slower while they do
-    (the profile's published measurement)."""
-    return placed(time, _rank_program(graph, hw, knobs, time), hw)
-
-
-def _rank_program(graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, time: TimeBreakdown) -> RankProgram:
-    """The parts of a rank's program that place its collectives (no walk, no op times needed)."""
-    return RankProgram(graph=graph, static=_NO_STATIC, schedule=knobs.schedule,
-                       collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs),
-                       times=_NO_TIMES, optimizer_s=(time.optimizer_s, 0.0), ranks=knobs.parallel.world_size)
 
 
 def step_program(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> StepProgram:
