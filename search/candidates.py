@@ -282,9 +282,10 @@ def least_memory_at(
     segmentation the search may choose.
 
     No placement goes below the live bytes at the optimizer step (``static_floor_bytes``, found
-    without a walk, and ``optimizer_step_bytes``: no activation is left), nor, where segments are
-    not allowed, below ``forward_floor_bytes`` of the walk with every block checkpointed whole,
-    which the solver needs anyway. The options stop at the first that reaches that floor (a later
+    without a walk, and ``optimizer_step_bytes`` of the walk with nothing checkpointed, which the
+    solver needs anyway: no activation is left there, and a plan whose peak is that step is done
+    after that one walk), nor, where segments are not allowed, below ``forward_floor_bytes`` of the
+    walk with every block checkpointed whole. The options stop at the first that reaches that floor (a later
     one could only tie, and ties go to the first). With ``above_bytes`` (device bytes), a point
     whose floor already needs more returns ``base`` and the floor, unsolved: the caller wants only
     plans within ``above_bytes``."""
@@ -297,14 +298,18 @@ def least_memory_at(
         return base, floor  # not one walk
     program = step_program(model, training, hw, base)
     n, segments = model.n_layers, allow_segments and strategy_for(base.parallel).allows_segments
-    every = {CheckpointPolicy.FULL: _every_walk(program, base, CheckpointPolicy.FULL)}
-    floor = max(floor, optimizer_step_bytes(every[CheckpointPolicy.FULL]),
-                0 if segments else forward_floor_bytes(every[CheckpointPolicy.FULL]))  # no segment: per block
+    plain = [program.walk(checkpoint_units(n, ()), record_trace=True)]
+    floor = max(floor, optimizer_step_bytes(plain[0]))
+    valid = [p for p in policies if modelled_with_context_parallelism(p, base.parallel.cp)]
+    if valid and plain[0].peak.bytes == floor:  # nothing checkpointed already reaches the floor: one walk
+        return base.model_copy(update={"checkpoint_policy": valid[0], "checkpoint_blocks": ()}), floor
     if above_bytes is not None and device_bytes(floor, hw) > above_bytes:
         return base, floor
-    plain = [program.walk(checkpoint_units(n, ()), record_trace=True)]
-    valid = [p for p in policies if modelled_with_context_parallelism(p, base.parallel.cp)]
-    if valid and plain[0].peak.bytes == floor:  # nothing checkpointed already reaches the floor
+    every = {CheckpointPolicy.FULL: _every_walk(program, base, CheckpointPolicy.FULL)}
+    floor = max(floor, 0 if segments else forward_floor_bytes(every[CheckpointPolicy.FULL]))  # no segment: per block
+    if above_bytes is not None and device_bytes(floor, hw) > above_bytes:
+        return base, floor
+    if valid and plain[0].peak.bytes == floor:
         return base.model_copy(update={"checkpoint_policy": valid[0], "checkpoint_blocks": ()}), floor
     options: list[tuple[int, Knobs]] = []
     for policy in valid:

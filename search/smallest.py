@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from hardware.profile import HardwareProfile
 from planner.model.config import ModelConfig, TrainConfig
 from planner.plan.knobs import Knobs
-from planner.program.estimate import device_bytes, estimate, peak_lower_bound
+from planner.program.estimate import device_bytes, peak_lower_bound, step_time_s
 from search.candidates import least_memory_at
 from search.space import SearchSpace
 
@@ -90,7 +90,7 @@ def smallest_plan(
         priced += 1
         need = device_bytes(peak, hw)
         if best is None or need <= best[0]:
-            step_s = estimate(model, training, hw, knobs, None).step_time_s
+            step_s = step_time_s(model, training, hw, knobs)
             if best is None or (need, step_s) < best[:2]:
                 best = (need, step_s, knobs)
     if best is None:

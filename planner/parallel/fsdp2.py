@@ -116,6 +116,16 @@ class Fsdp2(SingleDevice):
     def model_state_lower_bound(self, tensors: Mapping[str, ParamTensor], spec: PrecisionSpec, knobs: Knobs,
                                 hw: HardwareProfile, state_tensors_per_param: int) -> int:
         """Rank 0 holds at least 1/N of each tensor as parameters, each state tensor and (after the
-        first micro-batch) the sharded gradient."""
-        shards = sum(p.numel * spec.param_dtype.n_bytes // knobs.parallel.fsdp_ranks for p in tensors.values())
-        return shards * (1 + state_tensors_per_param) + (shards if knobs.grad_accum_steps > 1 else 0)
+        first micro-batch) the sharded gradient (N: the FSDP2 ranks, or ``expert_shard_ranks`` for
+        this rank's experts under expert parallelism). ZeRO-2 also holds, at the loss of every
+        micro-batch, each unit's unsharded parameters in the compute dtype (``unsharded_bytes`` of
+        ``planner.parallel.fsdp_units``, at least the tensor's elements x its bytes): every block
+        keeps its own from its forward to its backward, and the root stays gathered."""
+        dims = knobs.parallel
+        shards = sum(p.numel * spec.param_dtype.n_bytes // (dims.expert_shard_ranks if p.expert_parallel
+                                                            else dims.fsdp_ranks) for p in tensors.values())
+        state = shards * (1 + state_tensors_per_param) + (shards if knobs.grad_accum_steps > 1 else 0)
+        if self.reshard_after_forward:
+            return state
+        compute = self.compute_spec(knobs.precision).param_dtype.n_bytes
+        return state + sum(p.numel * compute for p in tensors.values())

@@ -18,8 +18,9 @@ from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
 from planner.cache import IdentityCache
 from planner.errors import ConfigError, UnsupportedPrecisionError
+from planner.graph.description import ModelDesc
 from planner.graph.layer_graph import LayerGraph, build_graph
-from planner.memory.step import Category, Phase, StaticMemory, checkpoint_units, static_memory
+from planner.memory.step import Category, Phase, StaticMemory, checkpoint_units, recomputed_ops, static_memory
 from planner.model.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.parallel.context import local_seq_len, shard_context_parallel
 from planner.parallel.expert import shard_experts
@@ -213,24 +214,40 @@ def static_for(graph: LayerGraph, hw: HardwareProfile, training: TrainConfig, kn
     return strategy_for(knobs.parallel).static(graph, hw, knobs, opt, static)
 
 
+_EXPERT_SHARDS: IdentityCache[ModelDesc] = IdentityCache()
+_STATE_BOUNDS: IdentityCache[int] = IdentityCache(maxsize=4096)
+
+
 def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> int:
     """Bytes every placement of these knobs reaches, found without building the graph.
 
     At the log-softmax of the last micro-batch, whatever is checkpointed, these are live:
     parameters, optimizer state, the data batch, every gradient if an earlier micro-batch
-    exists (DDP: always; FSDP2: sharded), and two fp32 (B*T, V) tensors (the logits in fp32 and
-    their log-softmax).
+    exists (DDP: always; FSDP2: sharded), ZeRO-2's gathered parameters (kept from each unit's
+    forward to its backward), and two fp32 (B*T, V) tensors (the logits in fp32 and their
+    log-softmax). The model state is the strategy's ``model_state_lower_bound`` over the rank's
+    parameters (its tensor- and expert-parallel shards).
     """
     spec = precision_spec(knobs.precision)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
     dims = knobs.parallel
-    tensors = rank_description(model, dims.tp, dims.sp, 1).params  # sizes only
-    model_state = strategy_for(dims).model_state_lower_bound(tensors, spec, knobs, hw, opt.state_tensors_per_param)
+    desc = _EXPERT_SHARDS.get((rank_description(model, dims.tp, dims.sp, 1),), (dims.ep,),
+                              lambda: shard_experts(rank_description(model, dims.tp, dims.sp, 1), dims.ep, 1))
+    key = (knobs.precision, dims, knobs.grad_accum_steps > 1, knobs.fsdp_grad_sync, opt.state_tensors_per_param)
+    model_state = _STATE_BOUNDS.get((desc, hw), key, lambda: strategy_for(dims).model_state_lower_bound(
+        desc.params, spec, knobs, hw, opt.state_tensors_per_param))  # sizes only
     data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
     vocab = math.ceil(model.vocab_size / dims.tp)  # loss_parallel: this rank's share of the vocabulary
     tokens = knobs.micro_batch_size * local_seq_len(training.seq_len, dims)
     logits = 2 * hw.round_alloc(tokens * vocab * 4)
     return model_state + data + logits
+
+
+def step_time_s(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> float:
+    """``estimate(...).step_time_s`` without the memory walk: the ops checkpointing runs again
+    follow from the placement alone (``recomputed_ops``), and time needs nothing else of the walk."""
+    program = step_program(model, training, hw, knobs)
+    return program.time(recomputed_ops(program.busiest.graph, program.units)).step_time_s
 
 
 def device_bytes(peak_allocated_bytes: int, hw: HardwareProfile) -> int:

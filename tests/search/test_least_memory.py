@@ -23,7 +23,15 @@ from planner.parallel.strategies import strategy_for
 from planner.plan.checkpointing import CheckpointPolicy
 from planner.plan.knobs import Knobs
 from planner.plan.parallel_dims import ParallelDims
-from planner.program.estimate import check_knobs, device_bytes, rank_graph, static_for
+from planner.program.estimate import (
+    check_knobs,
+    device_bytes,
+    estimate,
+    peak_lower_bound,
+    rank_graph,
+    static_for,
+    step_time_s,
+)
 from search.candidates import forward_floor_bytes, least_memory_at, segment_plans, static_floor_bytes
 
 HW = load_hardware("h100-sxm")
@@ -39,6 +47,8 @@ CASES = [
     pytest.param(GPT, "fp32", 1, 4, 0, 1, id="gpt2-ddp-dropout"),
     pytest.param(LLAMA, "bf16-mixed", 3, 4, 1, 1, id="llama-zero1"),
     pytest.param(LLAMA, "fp32", 2, 2, 2, 1, id="llama-zero2"),
+    pytest.param(MOE, "bf16-mixed", 2, 4, 2, 2, id="moe-zero2-ep2"),
+    pytest.param(MOE, "fp32", 1, 4, 2, 4, id="moe-zero2-ep4-one-rank-experts"),
     pytest.param(MOE, "bf16-mixed", 2, 4, 3, 2, id="moe-zero3-ep2"),
     pytest.param(LLAMA, "bf16-mixed", 3, 4, 3, 1, id="llama-zero3-sync-last"),
 ]
@@ -86,3 +96,28 @@ def test_a_threshold_changes_no_answer_within_it(model: ModelConfig, precision: 
             assert (found, bound) == (knobs_least, peak)
         else:
             assert device_bytes(bound, HW) > above and bound <= peak
+
+
+@pytest.mark.parametrize(("model", "precision", "accum", "gpus", "stage", "ep"), CASES)
+def test_the_pruning_bound_is_below_the_least_memory(model: ModelConfig, precision: str, accum: int, gpus: int,
+                                                     stage: int, ep: int) -> None:
+    """``peak_lower_bound`` (no graph: ZeRO-2's gathered parameters included) orders and prunes the
+    points of ``search.smallest``: it must not exceed the least peak of any placement."""
+    training, knobs, _, _ = _setup(model, precision, accum, gpus, stage, ep)
+    _, least = least_memory_at(model, training, HW, knobs, policies=POLICIES)
+    assert peak_lower_bound(model, training, HW, knobs) <= least
+
+
+@pytest.mark.parametrize(("blocks", "segments", "policy"), [
+    ((), (), CheckpointPolicy.FULL), ((0, 3), (), CheckpointPolicy.FULL), ((1, 2, 4), (), CheckpointPolicy.OPS),
+    ((0,), (), CheckpointPolicy.ATTENTION), ((), ((0, 1), (2, 4)), CheckpointPolicy.FULL)])
+def test_step_time_without_a_walk_equals_the_estimate(blocks: tuple[int, ...], segments: tuple[tuple[int, int], ...],
+                                                      policy: CheckpointPolicy) -> None:
+    """``step_time_s`` (the ops checkpointing re-runs from the placement alone) breaks the smallest
+    plan's ties without a walk: it must equal ``estimate``'s, which takes them from the walk."""
+    for model, stage in ((LLAMA, 0), (MOE, 3)):
+        training = TrainConfig(seq_len=64, global_batch_size=16, optimizer_impl="foreach")
+        knobs = Knobs(micro_batch_size=2, grad_accum_steps=2, precision="bf16-mixed", checkpoint_blocks=blocks,
+                      checkpoint_segments=segments if stage == 0 else (), checkpoint_policy=policy,
+                      parallel=ParallelDims.data_parallel_of(4, stage))
+        assert step_time_s(model, training, HW, knobs) == estimate(model, training, HW, knobs).step_time_s
