@@ -133,6 +133,11 @@ _SPECS: dict[tuple[object, ...], LayerSpec] = {}
 _COST_FIELDS = tuple(name for name in LayerSpec.model_fields if name not in ("name", "block", "params"))
 
 
+def op_spec(**fields: object) -> LayerSpec:
+    """The ``LayerSpec`` of an op a rewrite adds to a built graph (a pipeline stage's input)."""
+    return _spec(**fields)
+
+
 def _spec(**fields: object) -> LayerSpec:
     """A LayerSpec from fields the builder derived from a validated ModelConfig (no re-validation;
     memoized: the same op of the same model recurs for every micro-batch size and precision)."""

@@ -301,7 +301,8 @@ class Walk:
     def backward(self) -> None:
         p, live = self.p, self.live
         n = p.n
-        self.grad_buffer[n - 1] = self._new_buffer(512, _LOGITS)  # d loss / d loss
+        # d loss / d loss (one fp32 scalar), or a pipeline stage's received output gradient
+        self.grad_buffer[n - 1] = self._new_buffer(p.grad_size[n - 1], p.grad_category[n - 1])
         self.hooks.backward_start(self)
         for i in range(n - 1, -1, -1):
             self.hooks.before_backward(self, i)

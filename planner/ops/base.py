@@ -54,6 +54,8 @@ class OpKind(StrEnum):
     # expert parallelism (planner.parallel.expert)
     ALL_TO_ALL = "all_to_all"  # expert rows exchanged with the expert-parallel group
     PERMUTE_ROWS = "permute_rows"  # received rows regrouped by expert (or back by source rank): a copy
+    # pipeline parallelism (planner.ops.pipeline)
+    STAGE_INPUT = "stage_input"  # the activation a pipeline stage receives from the one before it
     # multi-head latent attention (planner.ops.mla)
     SLICE = "slice"  # a view of some columns of a projection's output (no copy)
     MLA_CONCAT = "mla_concat"  # q = cat(q_nope, q_rope), k = cat(k_nope, k_rope expanded over heads)

@@ -15,6 +15,7 @@ from planner.ops import (  # noqa: F401  (registers them; impl_*: other implemen
     mla,
     moe,
     norm,
+    pipeline,
 )
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind
 from planner.ops.registry import Formula, registered, registered_kinds, registered_variant

@@ -20,7 +20,7 @@ from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind
 from planner.precision import PrecisionPolicy, precision_spec
 from validate.reference_model import build_model
 
-FORMULA_MODULES = ("attention", "collectives", "elementwise", "embedding", "linear", "loss", "mla", "moe", "norm")
+FORMULA_MODULES = ("attention", "collectives", "elementwise", "embedding", "linear", "loss", "mla", "moe", "norm", "pipeline")
 
 # Graph nodes of these kinds are modules of the reference model, named as torch names them.
 MODULE_KINDS = frozenset({
