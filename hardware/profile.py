@@ -69,6 +69,11 @@ class HardwareProfile(BaseModel):
     description: str = ""
     kind: DeviceKind = DeviceKind.GPU
     hbm_bytes: int = Field(gt=0, description="device memory capacity (accepts 80GB / 80GiB / bytes)")
+    hbm_source: str = Field(default="", description="where hbm_bytes comes from (e.g. the driver-reported total, "
+                            "nvidia-smi memory.total), for messages about the cap")
+    marketed_hbm_gb: float | None = Field(
+        default=None, gt=0, description="the memory the device is sold as, in GB as its datasheet writes it (80 for "
+        "an H100 80GB): a --hbm cap of that size, read as GB or GiB, means the whole device")
     hbm_bandwidth_bytes_per_s: PositiveFloat
     peak_flops_per_s: dict[ComputePrecision, PositiveFloat] = Field(
         description="dense (non-sparse) peak FLOP/s of a matmul at each precision the device runs"
@@ -212,6 +217,20 @@ class HardwareProfile(BaseModel):
         if gpus_per_node <= 0:
             raise ValueError(f"gpus_per_node: must be positive, got {gpus_per_node}")
         return self.model_copy(update={"gpus_per_node": gpus_per_node})
+
+    def is_marketed_size(self, cap_bytes: int) -> bool:
+        """``cap_bytes`` is the size the device is sold as, in GB or GiB (80GiB on an "80GB" H100,
+        whose driver reports 79.6 GiB): people write that cap for the whole card."""
+        if self.marketed_hbm_gb is None:
+            return False
+        return any(cap_bytes == round(self.marketed_hbm_gb * unit) for unit in (10**9, 2**30))
+
+    def usable_cap_bytes(self, cap_bytes: int) -> int | None:
+        """The cap a plan may use for a requested ``cap_bytes``: itself when the device has that
+        much, the whole device when it is the device's marketed size, else None (more than it has)."""
+        if cap_bytes <= self.hbm_bytes:
+            return cap_bytes
+        return self.hbm_bytes if self.is_marketed_size(cap_bytes) else None
 
     def round_alloc(self, n_bytes: int) -> int:
         """Bytes the caching allocator hands out for a request of ``n_bytes``."""

@@ -6,10 +6,10 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from hardware.errors import ConfigError, UnknownHardwareError
+from hardware.files import parse_text, read_text_file
 from hardware.profile import HardwareProfile
 from hardware.validation import describe_validation_error
 
@@ -39,17 +39,8 @@ def profile_from_mapping(data: object, context: str) -> HardwareProfile:
 
 def load_profile_file(path: Path) -> HardwareProfile:
     """Read and validate one profile YAML file."""
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ConfigError(f"hardware: cannot read {path}: {error.strerror or error}") from None
-    try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"hardware: {path}{where}: malformed YAML ({getattr(error, 'problem', error)})") from None
-    return profile_from_mapping(data, f"hardware profile {path}")
+    text = read_text_file(path, f"hardware: {path}", "a profile YAML (see `hardware show h100-sxm`)")
+    return profile_from_mapping(parse_text(text, f"hardware: {path}"), f"hardware profile {path}")
 
 
 @cache

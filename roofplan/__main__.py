@@ -26,7 +26,11 @@ def _command(name: str) -> Callable[[Sequence[str] | None], int] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    command = _command(args[0]) if args else None
+    try:
+        command = _command(args[0]) if args else None
+    except KeyboardInterrupt:  # Ctrl-C while the command's modules load; the command handles its own
+        print("roofplan: interrupted", file=sys.stderr)
+        return 130
     if command is None:
         given = f"{args[0]!r} is not a command; " if args else ""
         print(f"roofplan: error: {given}use python -m roofplan plan|validate|hardware ...", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from hardware.profile import HardwareProfile
 from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes
 from planner.memory.step import Category
@@ -13,18 +14,36 @@ from planner.plan.parallel_dims import layout_label
 from planner.program.results import PlanEntry
 
 
-def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, scale_out: str | None = None) -> str:
-    """Several lines: the smallest device footprint found, its breakdown, and what would fit it."""
+def reserve_exceeds_cap(hw: HardwareProfile, cap_bytes: int) -> str | None:
+    """The runtime reserve alone needs more than the cap (then nothing fits, on any number of
+    GPUs): says so, or None."""
+    if hw.runtime_reserve_bytes < cap_bytes:
+        return None
+    return (f"the runtime reserve (CUDA context, cuBLAS/NCCL workspaces: runtime_reserve_bytes of {hw.name}) of "
+            f"{format_bytes(hw.runtime_reserve_bytes)} ({format_bytes(hw.runtime_reserve_bytes, binary=True)}) alone "
+            f"exceeds the {format_bytes(cap_bytes)} cap, before any parameter or activation")
+
+
+def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, scale_out: str | None = None,
+                       headroom_bytes: int = 0) -> str:
+    """Several lines: the smallest device footprint found, its breakdown, and what would fit it
+    (``cap_bytes`` is what plans must fit in: the cap less ``headroom_bytes``)."""
     est, knobs = closest.estimate, closest.knobs
     mem = est.memory
     hw = load_hardware(hardware_name)
+    kept = f" (the cap less {format_bytes(headroom_bytes)} of --headroom)" if headroom_bytes else ""
+    reserve = reserve_exceeds_cap(hw, cap_bytes)
+    if reserve is not None:
+        return (f"nothing fits in {format_bytes(cap_bytes)}{kept} on {hardware_name}: {reserve}\n"
+                f"  to fit: a cap of at least {format_bytes(mem.device_bytes)}, what the smallest plan needs with it "
+                f"(--hbm {math.ceil(mem.device_bytes / 1e9)}GB)")
     n_blocks = len(knobs.checkpointed)
     segments = f", {len(knobs.checkpoint_segments)} checkpoint segments" if knobs.checkpoint_segments else ""
     parts = " + ".join(f"{c.value} {format_bytes(b)}" for c, b in mem.at_peak.items() if b > 0 and c in Category)
     dims = knobs.parallel
     sharding = f", {dims.world_size} GPUs as {layout_label(dims)}" if dims.world_size > 1 else ""
     lines = [
-        f"nothing fits in {format_bytes(cap_bytes)} on {hardware_name}: the smallest plan needs "
+        f"nothing fits in {format_bytes(cap_bytes)}{kept} on {hardware_name}: the smallest plan needs "
         f"{format_bytes(mem.device_bytes)} on the device",
         f"  smallest plan (the least memory of any plan the request allows): micro-batch {knobs.micro_batch_size} x "
         f"{knobs.grad_accum_steps} accumulation, {knobs.precision.value}, {n_blocks} blocks checkpointed{segments}"

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from hardware.profile import HardwareProfile
-from hardware.registry import bundled_names, load_hardware
-from hardware.units import format_bytes, parse_bytes
+from hardware.registry import load_hardware
 from hardware.validation import describe_validation_error
 from planner.errors import ConfigError, InfeasibleError
 from planner.graph.params import count_params
@@ -34,7 +33,8 @@ from planner.plan.parallel_dims import layout_label
 from planner.precision import PrecisionPolicy
 from planner.program.estimate import estimate
 from planner.program.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
-from roofplan.advice import infeasible_message
+from roofplan.advice import infeasible_message, reserve_exceeds_cap
+from roofplan.memory_cap import hbm_cap, headroom_bytes
 from roofplan.results import Plan
 
 if TYPE_CHECKING:  # search imports optuna: only when a search runs
@@ -67,25 +67,6 @@ def load_model(
     return model, training
 
 
-def hbm_cap(hardware: HardwareProfile, hbm: str | int | None) -> int:
-    """The memory cap: ``--hbm`` if given (``80GB``, ``80GiB``, bytes), else the device's HBM.
-
-    A cap above the device's memory is refused: no plan can use memory the device lacks."""
-    if hbm is None:
-        return hardware.hbm_bytes
-    cap = parse_bytes(hbm, "--hbm")
-    if cap > hardware.hbm_bytes:
-        larger = [name for name in bundled_names()
-                  if load_hardware(name).kind == hardware.kind and load_hardware(name).hbm_bytes >= cap]
-        other = f"--hardware {' or '.join(larger)}" if larger else "no bundled profile has that much; a profile YAML"
-        raise ConfigError(
-            f"--hbm: {hbm} ({format_bytes(cap)}) is more than the {format_bytes(hardware.hbm_bytes)} "
-            f"({format_bytes(hardware.hbm_bytes, binary=True)}) of memory of one {hardware.name}; give a cap of at most "
-            f"that, or a device with more memory ({other})"
-        )
-    return cap
-
-
 def summarize_model(model: ModelConfig) -> ModelSummary:
     return ModelSummary(name=model.name, family=model.family.value, n_params=count_params(model), config=model)
 
@@ -97,17 +78,21 @@ def estimate_plan(
     knobs: Knobs,
     hbm: str | int | None = None,
     gpus_per_node: int | None = None,
+    headroom: str | int | float | None = None,
 ) -> PlanResult:
     """The estimate of one fully fixed configuration (``knobs.parallel.world_size`` GPUs), as a plan
-    result; ``gpus_per_node`` (default: the hardware profile's) sets the node the GPUs sit in."""
+    result; ``gpus_per_node`` (default: the hardware profile's) sets the node the GPUs sit in, and
+    ``headroom`` (a fraction of the cap or a size) is kept free of the cap it must fit in."""
     hw = system(hardware, gpus_per_node)
     cap = hbm_cap(hw, hbm)
-    result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap)
+    kept = headroom_bytes(cap, headroom)
+    result = estimate(model, training, hw, knobs, hbm_cap_bytes=cap - kept)
     return Plan(
         model=summarize_model(model),
         training=training,
         hardware=hw,
         hbm_cap_bytes=cap,
+        headroom_bytes=kept,
         parallel=ParallelConfig(world_size=knobs.parallel.world_size, gpus_per_node=hw.gpus_per_node),
         best=PlanEntry(knobs=knobs, estimate=result),
     )
@@ -160,6 +145,7 @@ def plan(
     checkpoint_policy: str | CheckpointPolicy | None = None,
     save_list: str | SaveList | None = None,
     ep: int | None = None,
+    headroom: str | int | float | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
@@ -174,7 +160,7 @@ def plan(
     ``checkpoint`` is ``"none"``, ``"all"``, ``"0,2,5-9"`` or a list of block indices, checkpointed
     with ``checkpoint_policy`` ("full", "attention" or "ops"; searched over the policies worth
     trying when None), "ops" keeping ``save_list`` (torchtitan's by default, or a comma list of
-    matmul, attention, reduce_scatter). Raises
+    matmul, attention, reduce_scatter). ``headroom`` (``0.05``, ``"2GB"``) is kept free of the cap. Raises
     ``InfeasibleError`` (exit code 1 on the command line) when nothing fits, with the smallest
     plan found and what would make it fit. ``on_trial(done, planned)`` follows the search's
     trials, ``on_stage(text)`` names each longer step without trials (the smallest plan and the
@@ -186,7 +172,7 @@ def plan(
         raise ConfigError(f"--save-list: applies to --checkpoint-policy ops (per-op selective checkpointing), not "
                           f"{ckpt_policy.value}; leave it out or use --checkpoint-policy ops")
     asked = _Asked(
-        hw=hw, cap=hbm_cap(hw, hbm), gpus=gpus, policies=_policies(precisions), micro_batch_size=micro_batch_size,
+        hw=hw, **_caps(hw, hbm, headroom), gpus=gpus, policies=_policies(precisions), micro_batch_size=micro_batch_size,
         blocks=_checkpoint_blocks(checkpoint, model.n_layers), checkpoint_policy=ckpt_policy,
         save_list=save_list if isinstance(save_list, SaveList) else parse_save_list(save_list or "torchtitan"),
         grad_sync=_grad_sync(fsdp_grad_sync, gpus, zero_stage), allow_segments=allow_segments,
@@ -206,12 +192,19 @@ def plan(
     return _searched_plan(model, training, asked, options, on_trial, on_stage)
 
 
+def _caps(hw: HardwareProfile, hbm: str | int | None, headroom: str | int | float | None) -> dict[str, int]:
+    """``--hbm`` and ``--headroom``, checked: the cap and the bytes of it kept free."""
+    cap = hbm_cap(hw, hbm)
+    return {"cap": cap, "headroom": headroom_bytes(cap, headroom)}
+
+
 @dataclass(frozen=True)
 class _Asked:
     """What a ``plan`` call asks for, its flags checked."""
 
     hw: HardwareProfile
-    cap: int
+    cap: int  # --hbm, or the device's memory
+    headroom: int  # bytes of it kept free
     gpus: int
     policies: tuple[PrecisionPolicy, ...] | None
     micro_batch_size: int | None
@@ -231,6 +224,11 @@ class _Asked:
     @property
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(world_size=max(self.gpus, 1), gpus_per_node=self.hw.gpus_per_node)
+
+    @property
+    def search_cap(self) -> int:
+        """What every plan must fit in: the cap less the headroom."""
+        return self.cap - self.headroom
 
 
 def _fixed_plan(model: ModelConfig, training: TrainConfig, asked: _Asked) -> PlanResult:
@@ -252,7 +250,7 @@ def _fixed_plan(model: ModelConfig, training: TrainConfig, asked: _Asked) -> Pla
         parallel=fixed_layout(request),
         fsdp_grad_sync=asked.grad_sync,
     )
-    return estimate_plan(model, training, asked.hw, knobs, hbm=asked.cap)
+    return estimate_plan(model, training, asked.hw, knobs, hbm=asked.cap, headroom=asked.headroom)
 
 
 def _searched_plan(model: ModelConfig, training: TrainConfig, asked: _Asked, options: SearchOptions,
@@ -262,7 +260,8 @@ def _searched_plan(model: ModelConfig, training: TrainConfig, asked: _Asked, opt
     from search.space import build_space
     from search.study import run_search
 
-    hw, cap, request = asked.hw, asked.cap, asked.layout
+    hw, cap, request = asked.hw, asked.search_cap, asked.layout
+    plan_cap = {"hbm_cap_bytes": asked.cap, "headroom_bytes": asked.headroom}
     space = build_space(model, training, hw, asked.policies, asked.micro_batch_size, asked.blocks,
                         asked.allow_segments, asked.gpus, request.zero_stage, asked.grad_sync,
                         tensor_parallel=request.tp, sequence_parallel=request.sp, context_parallel=request.cp,
@@ -273,14 +272,17 @@ def _searched_plan(model: ModelConfig, training: TrainConfig, asked: _Asked, opt
     if outcome.best is None:
         if outcome.closest is None:
             raise InfeasibleError(f"nothing fits in {cap} bytes on {hw.name}, and no plan could be priced")
-        closest = Plan(model=summary, training=training, hardware=hw, hbm_cap_bytes=cap, parallel=asked.parallel,
+        closest = Plan(model=summary, training=training, hardware=hw, **plan_cap, parallel=asked.parallel,
                        best=outcome.closest, search=outcome.stats)
-        if on_stage is not None:
-            on_stage("nothing fits: finding the fewest GPUs that would hold it")
-        advice = _scale_out(model, training, hw, cap, space.precisions, asked.gpus, asked.grad_sync,
-                            asked.allow_segments, asked.checkpoint_policy, asked.save_list)
-        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, advice), closest=closest)
-    return Plan(model=summary, training=training, hardware=hw, hbm_cap_bytes=cap, parallel=asked.parallel,
+        advice = None
+        if reserve_exceeds_cap(hw, cap) is None:  # else no number of GPUs can help
+            if on_stage is not None:
+                on_stage("nothing fits: finding the fewest GPUs that would hold it")
+            advice = _scale_out(model, training, hw, cap, space.precisions, asked.gpus, asked.grad_sync,
+                                asked.allow_segments, asked.checkpoint_policy, asked.save_list)
+        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, advice, asked.headroom),
+                              closest=closest)
+    return Plan(model=summary, training=training, hardware=hw, **plan_cap, parallel=asked.parallel,
                 best=outcome.best, alternatives=outcome.alternatives, pareto=outcome.pareto, search=outcome.stats)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from hardware.errors import PlannerError
 from planner.errors import InfeasibleError
-from roofplan.cli_support import OneLineParser, survives_closed_pipe
+from roofplan.cli_support import OneLineParser, check_flag_sizes, check_run_flags, ends_quietly, output_console
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +33,8 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="preset name, YAML file (model:/training:) or transformers config.json")
     p.add_argument("--hardware", default=None, help="profile name (see `hardware list`) or a profile YAML; default h100-sxm")
     p.add_argument("--hbm", default=None, help="memory cap per GPU: 80GB (10^9), 80GiB (2^30) or bytes; default the device's")
+    p.add_argument("--headroom", default=None,
+                   help="memory kept free of the cap: a fraction (0.05, 5%%) or a size (2GB); default none")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (overrides the training section)")
     p.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step (overrides)")
 
@@ -120,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
     from planner.errors import ConfigError
     from roofplan import api
 
+    check_flag_sizes(args)
+    check_run_flags(args)
     model, training = api.load_model(
         args.model,
         seq_len=args.seq_len,
@@ -160,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         from roofplan.render import print_report
 
-        print_report(result)
+        print_report(result, output_console())
         if args.out:
             print(f"plan written to {args.out} (run it: validate {args.out})")
         if args.plot:
@@ -168,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
         if report is not None:
             from roofplan.validate_render import print_report as print_validation
 
-            print_validation(report)
+            print_validation(report, output_console())
     fits = result.best.estimate.memory.fits
     return 0 if fits and (report is None or report.passed) else 1
 
@@ -202,6 +206,7 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             checkpoint_policy=args.checkpoint_policy,
             save_list=args.save_list,
             sequence_parallel=not args.no_sequence_parallel,
+            headroom=args.headroom,
         )
     except InfeasibleError as error:
         return error
@@ -210,6 +215,12 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
 def _report_infeasible(error: InfeasibleError, args: argparse.Namespace) -> None:
     """Nothing fits: the message, and with --json the smallest plan (``fits: false``), with --plot its charts."""
     print(f"plan: {error}", file=sys.stderr)
+    if args.out:  # the smallest plan, so `validate` can check the bytes that did not fit
+        if error.closest is not None:
+            error.closest.save(args.out)  # type: ignore[attr-defined]
+            print(f"the smallest plan (fits: false) written to {args.out}", file=sys.stderr)
+        else:
+            print(f"nothing written to {args.out}: no plan could be priced", file=sys.stderr)
     if args.json and error.closest is not None:
         print(json.dumps(error.closest.model_dump(mode="json"), indent=2))  # type: ignore[attr-defined]
     if args.plot and error.closest is not None:
@@ -271,7 +282,7 @@ def _one_line_warning(message: Warning | str, category: type[Warning], *_: objec
     print(f"plan: warning: {message}", file=sys.stderr)
 
 
-@survives_closed_pipe
+@ends_quietly("plan")
 def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from hardware.errors import PlannerError
 from hardware.registry import DEFAULT_HARDWARE, bundled_names, load_hardware
 from hardware.units import format_bytes
-from roofplan.cli_support import OneLineParser, survives_closed_pipe
+from roofplan.cli_support import OneLineParser, ends_quietly, output_console
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +62,6 @@ def _list(as_json: bool) -> None:
     if as_json:
         print(json.dumps([p.model_dump(mode="json") for p in profiles], indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"Hardware profiles (default {DEFAULT_HARDWARE}; dense peaks, no sparsity)")
@@ -79,7 +78,7 @@ def _list(as_json: bool) -> None:
             f"{peaks['fp8'] / 1e12:.1f}" if "fp8" in peaks else "-",
             p.description,
         )
-    Console().print(table)
+    output_console().print(table)
 
 
 def _show(name: str, as_json: bool) -> None:
@@ -88,7 +87,6 @@ def _show(name: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{profile.name}: {profile.description}", show_header=False)
@@ -100,10 +98,10 @@ def _show(name: str, as_json: bool) -> None:
         table.add_row("source", f"{source.fields}: {source.url}")
     table.add_row("accelerator intensity", ", ".join(
         f"{p.value} {profile.accelerator_intensity(p):.0f} FLOP/B" for p in profile.precisions))
-    Console().print(table)
+    output_console().print(table)
 
 
-@survives_closed_pipe
+@ends_quietly("hardware")
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

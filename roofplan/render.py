@@ -52,19 +52,30 @@ def _seconds(value: float) -> str:
     return f"{value * 1e6:.1f} µs"
 
 
+def _cap(result: PlanResult) -> str:
+    """``85.5 GB`` (with --headroom: ``85.5 GB less 4.3 GB headroom``)."""
+    kept = f" less {format_bytes(result.headroom_bytes)} headroom" if result.headroom_bytes else ""
+    return f"{format_bytes(result.hbm_cap_bytes)}{kept}"
+
+
+def margin(result: PlanResult) -> str:
+    """What the plan leaves free of the cap: ``5.4 GB (6.3%) free``."""
+    return f"{format_bytes(result.margin_bytes)} ({result.margin_bytes / result.hbm_cap_bytes:.1%}) free"
+
+
 def verdict(result: PlanResult) -> Text:
     est = result.best.estimate
     mem = est.memory
     if mem.fits:
         text = Text("FITS ", style="bold green")
         text.append(
-            f"{format_bytes(mem.device_bytes)} of {format_bytes(mem.hbm_cap_bytes)} · "
+            f"{format_bytes(mem.device_bytes)} of {_cap(result)}, {margin(result)} · "
             f"{_seconds(est.step_time_s)}/step · {est.tokens_per_s:,.0f} tokens/s · MFU {est.mfu:.1%}"
         )
     else:
         text = Text("DOES NOT FIT ", style="bold red")
         text.append(
-            f"needs {format_bytes(mem.device_bytes)} on the device, cap {format_bytes(mem.hbm_cap_bytes)} · "
+            f"needs {format_bytes(mem.device_bytes)} on the device, cap {_cap(result)} · "
             f"{_seconds(est.step_time_s)}/step if it fit"
         )
     return text
@@ -232,7 +243,11 @@ def _peak_rows(result: PlanResult) -> list[_Row]:
         (Text("device", style="bold"),
          f"peak × {hw.fragmentation_factor:g} fragmentation + {format_bytes(hw.runtime_reserve_bytes, binary=True)} runtime reserve",
          Text(format_bytes(mem.device_bytes), style="bold green" if mem.fits else "bold red")),
-        ("cap", "--hbm" if mem.hbm_cap_bytes != hw.hbm_bytes else f"{hw.name} HBM", format_bytes(mem.hbm_cap_bytes)),
+        ("cap", "--hbm" if result.hbm_cap_bytes != hw.hbm_bytes else f"{hw.name} HBM ({hw.hbm_source or 'profile'})",
+         format_bytes(result.hbm_cap_bytes)),
+        *([("headroom", "--headroom: kept free, plans fit in the cap less it", format_bytes(result.headroom_bytes))]
+          if result.headroom_bytes else []),
+        ("margin", "cap - device: what the plan leaves free", format_bytes(result.margin_bytes)),
     ]
 
 
@@ -305,12 +320,19 @@ def ops_table(result: PlanResult, limit: int = 10) -> Table:
             str(group.count),
             f"{group.flops:.2e}",
             format_bytes(group.bytes_moved),
-            f"{group.intensity_flops_per_byte:.0f}" if group.intensity_flops_per_byte != float("inf") else "∞",
+            _intensity(group.intensity_flops_per_byte, group.flops),
             group.bound.value,
             _seconds(group.time_s),
             f"{group.time_s / total:.1%}",
         )
     return table
+
+
+def _intensity(flops_per_byte: float | None, flops: float) -> str:
+    """FLOP/B; an op group that moves no bytes has none: ∞ with FLOPs, – without."""
+    if flops_per_byte is None:
+        return "∞" if flops else "–"
+    return f"{flops_per_byte:.0f}"
 
 
 def alternatives_table(result: PlanResult) -> Table:

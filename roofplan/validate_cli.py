@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hardware.errors import PlannerError
-from roofplan.cli_support import OneLineParser, StageProgress, survives_closed_pipe
+from roofplan.cli_support import OneLineParser, StageProgress, check_flag_sizes, ends_quietly, output_console
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +37,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
     if args.steps <= 0:
         raise ConfigError(f"--steps: must be positive, got {args.steps}")
+    check_flag_sizes(args)
     if args.mode == "simulate" and args.device == "cuda":
         raise ConfigError("--device: simulate runs on the CPU under fake tensors; drop --device or use --mode run")
     if args.hardware is not None:
@@ -56,7 +57,7 @@ def _import_api():  # noqa: ANN202
     return api
 
 
-@survives_closed_pipe
+@ends_quietly("validate")
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         from roofplan.validate_render import print_report
 
-        print_report(report)
+        print_report(report, output_console())
     return 0 if report.passed else 1
 
 

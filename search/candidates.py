@@ -228,8 +228,15 @@ def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
     policy, save = knobs.checkpoint_policy, knobs.save_list
     # every block its own unit: what each one's recompute runs
     rerun_ops = recomputed_by_unit(graph, checkpoint_units(n, tuple(range(n)), (), policy, save))
-    rerun_s = [knobs.schedule.count(Phase.BACKWARD) * sum(fwd_s[name] for name in rerun_ops.get(b, ()))
-               for b in range(n)]
+    # each block's ops summed in graph order (fwd_s's), not in its frozenset's order, which depends on
+    # the hash seed: the same digits on every run
+    backwards = knobs.schedule.count(Phase.BACKWARD)
+    unit_of = {name: b for b, names in rerun_ops.items() for name in names}
+    per_block = [0.0] * n
+    for name, t in fwd_s.items():  # one pass, in graph order
+        if name in unit_of:
+            per_block[unit_of[name]] += t
+    rerun_s = [backwards * t for t in per_block]
     all_walk = program.walk(checkpoint_units(n, tuple(range(n)), (), policy, save), record_trace=True)
     all_peak = all_walk.peak.bytes
     if device_bytes(all_peak, hw) <= cap_bytes:

@@ -38,7 +38,9 @@ def validate(
     a short description of each stage as it starts. ``implementation`` (default: the plan's)
     picks whose model runs: the reference model, or transformers' (``hf``, validate.hf_model)."""
     if not isinstance(plan, PlanResult):
-        plan = PlanResult.load(plan)
+        plan = PlanResult.load(plan)  # refuses a file whose fields contradict each other
+    else:
+        plan.check_consistent()
     try:
         requested = RequestedMode(mode)
     except ValueError:

@@ -200,7 +200,7 @@ def hf_config(model: ModelConfig) -> Any:
     args: dict[str, Any] = dict(hidden_size=model.d_model, intermediate_size=model.d_ff, num_hidden_layers=model.n_layers,
                 num_attention_heads=model.n_heads, num_key_value_heads=model.kv_heads,
                 max_position_embeddings=model.max_seq_len or 4096, rms_norm_eps=model.norm_eps or 1e-6,
-                rope_parameters=rope, attention_dropout=model.dropout, **common)
+                rope_parameters=rope, attention_dropout=model.dropout, head_dim=model.head_dim, **common)
     if model.family is Family.LLAMA:
         if bool(model.qkv_bias) != bool(model.attn_out_bias):
             raise ConfigError("model: transformers' Llama has one attention_bias for q/k/v and o_proj; set qkv_bias "
@@ -209,9 +209,12 @@ def hf_config(model: ModelConfig) -> Any:
     if model.mlp_bias or model.attn_out_bias or bool(model.qkv_bias) != (model.family is Family.QWEN2):
         raise ConfigError(f"model: transformers' {model.family.value} has {'q/k/v biases' if model.family is Family.QWEN2 else 'no biases'} "
                           "only; change qkv_bias/attn_out_bias/mlp_bias to match or use implementation: reference")
-    if model.family is Family.MISTRAL:
-        return transformers.MistralConfig(sliding_window=None, **args)
-    return transformers.Qwen2Config(use_sliding_window=False, **args)
+    if model.family is Family.MISTRAL:  # every layer slides when the window is set
+        return transformers.MistralConfig(sliding_window=model.sliding_window, **args)
+    layer_types = [("sliding_attention" if model.window(b) is not None else "full_attention")
+                   for b in range(model.n_layers)]
+    return transformers.Qwen2Config(use_sliding_window=model.sliding_window is not None,
+                                    sliding_window=model.sliding_window, layer_types=layer_types, **args)
 
 
 def hf_model(model: ModelConfig, dtype: torch.dtype, n_params: int) -> nn.Module:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
-from planner.model.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind, QkNorm
+from planner.model.config import AttentionImpl, MlpKind, ModelConfig, NormKind, NormPlacement, PositionKind, QkNorm
 from validate.mla_model import MlaAttention
 from validate.moe_model import Fp32RMSNorm, MoE
 
@@ -205,22 +205,33 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
+    """Pre-norm block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x))); post-norm (OLMo 2):
+    x + norm(drop(attn(x))), then x + norm(drop(mlp(x))). Modules register in execution order."""
 
     def __init__(self, config: ModelConfig, index: int = 0, ep: int = 1) -> None:
         super().__init__()
-        self.attn_norm = make_norm(config)
+        self.post = config.norm_placement is NormPlacement.POST
+        if not self.post:
+            self.attn_norm = make_norm(config)
         self.attn: nn.Module = MlaAttention(config, AttentionCore(config), Rotary()) if config.mla else Attention(config)
         self.attn_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
-        self.mlp_norm = make_norm(config)
+        if self.post:
+            self.attn_norm = make_norm(config)
         self.windowed = config.window(index) is not None  # takes the sliding-window mask
         sparse = config.moe is not None and config.moe.is_sparse(index)
+        if not self.post:
+            self.mlp_norm = make_norm(config)
         self.mlp: nn.Module = MoE(config.moe, config.d_model, ep) if sparse and config.moe else Mlp(config)
         self.mlp_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+        if self.post:
+            self.mlp_norm = make_norm(config)
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
     ) -> torch.Tensor:
+        if self.post:  # each branch normed in the stream's dtype (a copy under autocast: fp32 stream)
+            x = x + self.attn_norm(self.attn_dropout(self.attn(x, rope, mask)).to(x.dtype))
+            return x + self.mlp_norm(self.mlp_dropout(self.mlp(x)).to(x.dtype))
         x = x + self.attn_dropout(self.attn(self.attn_norm(x), rope, mask))
         return x + self.mlp_dropout(self.mlp(self.mlp_norm(x)))
 

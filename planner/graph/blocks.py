@@ -10,7 +10,9 @@ same names, in the same order (tests/planner/test_blocks.py checks it against to
 
 Per block (pre-norm, Llama form; GPT-2 swaps SwiGLU for GELU and adds biases):
 ``attn_norm -> q, k, v -> [rotary] -> core -> o -> [dropout] -> + x -> mlp_norm ->
-[gate -> act], up -> [glu | act] -> down -> [dropout] -> + x``.
+[gate -> act], up -> [glu | act] -> down -> [dropout] -> + x``. Post-norm blocks (OLMo 2) run
+``attn_norm`` after the attention's [dropout] and ``mlp_norm`` after the MLP's, each just before
+its residual add.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from functools import lru_cache
 
 from planner.graph.description import ModelDesc, OpDesc, TpRole
 from planner.graph.implementations import adapt
-from planner.model.config import AttentionImpl, MlpKind, ModelConfig, NormKind, PositionKind, QkNorm
+from planner.model.config import AttentionImpl, MlpKind, ModelConfig, NormKind, NormPlacement, PositionKind, QkNorm
 from planner.model.moe_config import ExpertActivation
 from planner.ops.base import OpKind, OpVariant, ParamTensor
 
@@ -65,7 +67,8 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
         ops.append(op)
         return op.name
 
-    normed = add(_norm(m, f"{p}.attn_norm", b, x))
+    post = m.norm_placement is NormPlacement.POST  # OLMo 2: each branch normed on its way out
+    normed = x if post else add(_norm(m, f"{p}.attn_norm", b, x))
     if m.mla is not None:
         attn_ops, attn_holds, core = mla_attention_ops(m, b, normed, rope)
         ops.extend(attn_ops)
@@ -76,8 +79,10 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
     holds.append((normed, attn))  # Attention.forward's argument
     if m.dropout > 0:
         attn = add(_simple(f"{p}.attn_dropout", OpKind.DROPOUT, b, attn, dropout=m.dropout))
+    if post:
+        attn = add(_norm(m, f"{p}.attn_norm", b, attn))
     x = add(_simple(f"{p}.attn_residual", OpKind.RESIDUAL_ADD, b, x, attn))
-    normed = add(_norm(m, f"{p}.mlp_norm", b, x))
+    normed = x if post else add(_norm(m, f"{p}.mlp_norm", b, x))
     bias = bool(m.mlp_bias)
     if m.moe is not None and m.moe.is_sparse(b):
         moe_ops, moe_holds, mlp = moe_block_ops(m, b, normed)
@@ -96,6 +101,8 @@ def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | 
     holds.append((normed, mlp))  # Mlp.forward's argument
     if m.dropout > 0:
         mlp = add(_simple(f"{p}.mlp_dropout", OpKind.DROPOUT, b, mlp, dropout=m.dropout))
+    if post:
+        mlp = add(_norm(m, f"{p}.mlp_norm", b, mlp))
     out = add(_simple(f"{p}.mlp_residual", OpKind.RESIDUAL_ADD, b, x, mlp))
     return ops, holds, out
 

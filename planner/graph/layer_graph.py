@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from hardware.dtypes import DType
 from planner.graph.blocks import describe
 from planner.graph.description import ModelDesc, OpDesc
-from planner.model.config import ModelConfig
+from planner.model.config import ModelConfig, NormPlacement
 from planner.ops.base import HIDDEN_STATE_LOSSES, LayerCost, LayerSpec, OpContext, OpKind, ParamTensor, TensorInfo
 from planner.ops.catalog import cost_of
 from planner.precision import PrecisionSpec
@@ -176,6 +177,14 @@ class _Builder:
     def output(self, name: str) -> TensorInfo:
         return self.ops[name].cost.output
 
+    def _casts_branch(self, desc: OpDesc) -> bool:
+        """Whether ``desc`` is a post-norm block's norm (``validate.reference_model.Block``) whose
+        low-precision branch is cast to the fp32 stream first."""
+        return (self.model.norm_placement is NormPlacement.POST and desc.block is not None
+                and desc.kind in (OpKind.RMSNORM, OpKind.LAYERNORM)
+                and desc.name.rsplit(".", 1)[-1] in ("attn_norm", "mlp_norm")
+                and self.precision.autocast_dtype is not None and self.output(desc.inputs[0]).dtype is not DType.FP32)
+
     def op(self, desc: OpDesc) -> None:
         """Instantiate one described op."""
         inputs = desc.inputs
@@ -183,6 +192,10 @@ class _Builder:
                 and desc.field("variant") not in HIDDEN_STATE_LOSSES):  # those take hidden states
             # the reference model's loss upcasts low-precision logits first (``.float()``)
             inputs = (self.add(_spec(name="logits_cast", kind=OpKind.CAST, block=None), inputs),)
+        if self._casts_branch(desc):
+            # a post-norm block norms its branch in the residual stream's dtype (``.to(x.dtype)``):
+            # under autocast the branch is low precision and the stream fp32
+            inputs = (self.add(_spec(name=f"{desc.name}_cast", kind=OpKind.CAST, block=desc.block), inputs),)
         spec = _spec(name=desc.name, kind=desc.kind, block=desc.block, params=desc.params, **dict(desc.fields))
         info = (self.output(desc.shape_of),) if desc.shape_of is not None else None
         self.add(spec, inputs, info)

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from hardware.kernels import AttentionKernel
-from planner.model.checks import shape_problems, with_family_defaults
+from planner.model.checks import shape_problems, size_problems, with_family_defaults
 from planner.model.kinds import (
     IMPLEMENTATION_GPT2_ACTIVATION,
     IMPLEMENTATION_LOSS,
@@ -25,6 +25,7 @@ from planner.model.kinds import (
     LossKind,
     MlpKind,
     NormKind,
+    NormPlacement,
     OptimizerImpl,
     OptimizerKind,
     PositionKind,
@@ -44,6 +45,7 @@ __all__ = [
     "MlpKind",
     "ModelConfig",
     "NormKind",
+    "NormPlacement",
     "OptimizerImpl",
     "OptimizerKind",
     "PositionKind",
@@ -79,6 +81,9 @@ class ModelConfig(BaseModel):
     mlp_bias: bool | None = None
     norm_bias: bool | None = Field(default=None, description="LayerNorm has a bias (RMSNorm never has one)")
     norm: NormKind | None = None
+    norm_placement: NormPlacement | None = Field(
+        default=None, description="pre: each branch normed on its way in (x + attn(norm(x))); post: on its way out "
+        "(x + norm(attn(x)), OLMo 2); default the family's")
     mlp: MlpKind | None = None
     positions: PositionKind | None = None
     norm_eps: float | None = Field(default=None, gt=0)
@@ -132,6 +137,9 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _shapes_consistent(self) -> ModelConfig:
         problems = shape_problems(self.model_dump())
+        if self.norm_placement is NormPlacement.POST and self.norm is not NormKind.RMSNORM:
+            problems.append("norm_placement: post-norm blocks are priced with RMSNorm only (OLMo 2); set norm: rmsnorm "
+                            "or norm_placement: pre")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -161,6 +169,29 @@ class ModelConfig(BaseModel):
             return self.sliding_window
         return None
 
+    def window_refusal(self, seq_len: int) -> str | None:
+        """One line when a sliding window binds at ``seq_len`` under flash attention, else None.
+
+        A window of W keys masks nothing while T <= W (query i sees keys i - W < j <= i, all of
+        0..i), so flash attention (SDPA with ``is_causal``, no window) is then exact. transformers
+        (5.24.0, ``masking_utils._ignore_causal_mask_sdpa``) keeps ``is_causal`` only while T < W:
+        at T = W it already builds the window mask, so implementation hf needs T < W. Past that the
+        window is priced only as eager attention (the full square, masked), never ignored."""
+        windows = [w for w in (self.window(b) for b in range(self.n_layers)) if w is not None]
+        if self.attention is not AttentionImpl.FLASH or not windows:
+            return None
+        hf = self.implementation is Implementation.HF
+        window = min(windows)
+        if seq_len < window or (seq_len == window and not hf):
+            return None
+        if hf:
+            return (f"sliding_window: transformers masks attention with the {window}-key window once the "
+                    f"sequence reaches it (training.seq_len {seq_len}); that masked SDPA is not priced; plan "
+                    f"--seq-len {window - 1} or less, or use implementation reference with --attention eager")
+        return (f"sliding_window: {window} keys per query is below training.seq_len {seq_len}, and flash attention "
+                "(SDPA, is_causal) takes no window; plan --attention eager (the full square masked with the window, "
+                f"as transformers' eager path runs it) or --seq-len {window} or less")
+
     @property
     def kv_heads(self) -> int:
         """K (never None after validation)."""
@@ -177,6 +208,14 @@ class TrainConfig(BaseModel):
     optimizer: OptimizerKind = OptimizerKind.ADAMW
     optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
     weight_decay: float = Field(default=0.1, ge=0.0)
+
+    @model_validator(mode="after")
+    def _sizes_bounded(self) -> TrainConfig:
+        problems = size_problems({"seq_len": self.seq_len, "global_batch_size": self.global_batch_size}) or size_problems(
+            {"seq_len x global_batch_size": self.tokens_per_step})
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @property
     def tokens_per_step(self) -> int:

@@ -13,6 +13,8 @@ class Family(StrEnum):
     LLAMA = "llama"
     MISTRAL = "mistral"
     QWEN2 = "qwen2"
+    QWEN3 = "qwen3"  # Qwen2's layout with per-head q/k RMSNorm, an explicit head dim, no q/k/v biases
+    OLMO2 = "olmo2"  # Llama's layout, norms after attention and MLP, q/k RMSNorm over all heads
     MIXTRAL = "mixtral"  # Mistral with MoE MLPs
     QWEN2_MOE = "qwen2_moe"  # Qwen2 with MoE MLPs, a gated shared expert
     QWEN3_MOE = "qwen3_moe"  # per-head q/k RMSNorm, no biases, MoE MLPs
@@ -34,6 +36,13 @@ class MlpKind(StrEnum):
 class PositionKind(StrEnum):
     LEARNED = "learned"  # a (max_seq_len, d_model) table added to the token embedding
     ROTARY = "rotary"  # RoPE applied to q and k inside attention
+
+
+class NormPlacement(StrEnum):
+    """Where a block's two norms sit."""
+
+    PRE = "pre"  # x + attn(norm(x)), then x + mlp(norm(x)) (GPT-2, Llama)
+    POST = "post"  # x + norm(attn(x)), then x + norm(mlp(x)) (OLMo 2: the norm on each branch's output)
 
 
 class QkNorm(StrEnum):
@@ -112,6 +121,10 @@ FAMILY_DEFAULTS: dict[Family, dict[str, Any]] = {
         tie_embeddings=False, qkv_bias=True, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-6,
     ),
 }
+FAMILY_DEFAULTS[Family.QWEN3] = dict(FAMILY_DEFAULTS[Family.QWEN2], qkv_bias=False, qk_norm=QkNorm.HEAD)
+# Olmo2DecoderLayer: post_attention_layernorm / post_feedforward_layernorm on the branches' outputs
+FAMILY_DEFAULTS[Family.OLMO2] = dict(FAMILY_DEFAULTS[Family.LLAMA], qk_norm=QkNorm.FULL,
+                                      norm_placement=NormPlacement.POST)
 FAMILY_DEFAULTS[Family.MIXTRAL] = dict(FAMILY_DEFAULTS[Family.MISTRAL])
 FAMILY_DEFAULTS[Family.QWEN2_MOE] = dict(FAMILY_DEFAULTS[Family.QWEN2])
 FAMILY_DEFAULTS[Family.QWEN3_MOE] = dict(FAMILY_DEFAULTS[Family.QWEN2], qkv_bias=False, qk_norm=QkNorm.HEAD)
@@ -122,6 +135,9 @@ FAMILY_DEFAULTS[Family.GPT_OSS] = dict(FAMILY_DEFAULTS[Family.LLAMA], qkv_bias=T
                                         attention_sinks=True)
 for _defaults in FAMILY_DEFAULTS.values():
     _defaults.setdefault("attention_sinks", False)
+    _defaults.setdefault("norm_placement", NormPlacement.PRE)
+# The families whose transformers code implementation hf prices (planner.graph.implementations)
+HF_FAMILIES = frozenset({Family.GPT2, Family.LLAMA, Family.MISTRAL, Family.QWEN2})
 MOE_FAMILIES = frozenset({Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.OLMOE, Family.DEEPSEEK_V3,
                           Family.GPT_OSS})
 

@@ -21,7 +21,6 @@ nor a file) whose one-line message names the file and the field.
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Mapping
 from functools import cache
@@ -29,9 +28,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from hardware.files import parse_text, read_text_file
 from hardware.validation import describe_validation_error
 from planner.errors import ConfigError, ConfigWarning, UnknownPresetError
 from planner.model.checks import shape_problems, with_family_defaults
@@ -108,22 +107,8 @@ def load_preset(name: str) -> Workload:
 
 def _parse_file(path: Path, context: str) -> Any:
     """Parsed YAML (or JSON for ``.json``); malformed input names the line."""
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ConfigError(f"{context}: cannot read the file: {error.strerror or error}") from None
-    if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{context}: line {error.lineno}: malformed JSON ({error.msg})") from None
-    try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" line {mark.line + 1}:" if mark is not None else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ConfigError(f"{context}:{where} malformed YAML ({problem})") from None
+    text = read_text_file(path, context, "a YAML/JSON model file or a transformers config.json")
+    return parse_text(text, context, as_json=path.suffix.lower() == ".json")
 
 
 def _as_section(value: Any, section: str, context: str, hint: str) -> dict[str, Any]:
@@ -268,6 +253,9 @@ def _bounded_context(model: ModelConfig, train: TrainConfig) -> ModelConfig:
     if effective_loss(model) is LossKind.CHUNKED and train.seq_len % chunks:
         raise ConfigError(f"model.loss_chunks: torchtitan's ChunkedLossWrapper splits each sequence into {chunks} "
                           f"equal chunks; {train.seq_len} tokens do not divide; set loss_chunks to a divisor")
+    window = model.window_refusal(train.seq_len)
+    if window is not None:
+        raise ConfigError(f"model {model.name}: {window}")
     if limit is None:
         return model.model_copy(update={"max_seq_len": train.seq_len})
     if train.seq_len > limit:

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from hardware.collectives import Collective
 from hardware.dtypes import DType
 from hardware.kernels import AttentionShape
+from planner.errors import ConfigError
 from planner.ops.base import AllocSequence, CollectiveCall, LayerCost, LayerSpec, MeshDim, OpContext, OpKind, TensorInfo
 from planner.ops.elementwise import promote
 from planner.ops.registry import register
@@ -60,6 +61,15 @@ def rotary_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     )
 
 
+def _refuse_binding_window(spec: LayerSpec, seq_len: int) -> None:
+    """SDPA runs ``is_causal`` with no window: exact only while the window masks nothing (T <= W;
+    ``ModelConfig.window_refusal`` says so at resolve time, this guards direct callers)."""
+    if spec.window and spec.window < seq_len:
+        raise ConfigError(f"sliding_window: {spec.window} keys per query is below seq_len {seq_len}, and flash "
+                          "attention (SDPA, is_causal) takes no window; use attention: eager or a seq_len of at most "
+                          f"{spec.window}")
+
+
 @register(OpKind.ATTENTION_FLASH)
 def flash_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     """Fused SDPA (FlashAttention-2 on CUDA, its CPU port on CPU), causal, GQA handled natively.
@@ -76,6 +86,7 @@ def flash_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     (B, N, ceil(T/32) 32); its backward writes dq, dk and dv directly (torch 2.13's fake kernel
     allocates nothing else; the CUDA kernel's workspace is not modelled).
     """
+    _refuse_binding_window(spec, ctx.seq_len)
     dtype = promote(*(t.dtype for t in ctx.inputs))
     bnt = ctx.batch * spec.n_heads * ctx.seq_len
     efficient = _v_dim(spec) != spec.head_dim
@@ -341,6 +352,7 @@ def ring_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     round the ring with a permute after every block (each hidden by the next block, the last one
     waited for)."""
     *qk, v = ctx.inputs
+    _refuse_binding_window(spec, ctx.seq_len * spec.group_size)  # the rank holds T/cp tokens
     dtype = promote(*(t.dtype for t in ctx.inputs))
     cp, b = spec.group_size, dtype.n_bytes
     bnt = ctx.batch * spec.n_heads * ctx.seq_len

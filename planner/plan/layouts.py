@@ -25,6 +25,7 @@ name to ``SEARCHED``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from functools import lru_cache
 
@@ -121,7 +122,10 @@ def layout_at(world_size: int, sequence_parallel: bool, zero_stage: int, tp: int
 
 
 def divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
+    """The divisors of ``n``, ascending (trial division up to its square root: ``n`` may be a
+    global batch or a sequence length of millions)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(small + [n // d for d in reversed(small) if d * d != n])
 
 
 def zero_stages(training: TrainConfig, gpus: int, gpus_per_node: int, zero_stage: int | None) -> tuple[int, ...]:

@@ -57,13 +57,15 @@ class OpRoofline(BaseModel):
 class OpGroup(BaseModel):
     """One op type summed over the blocks and micro-batches of a step (``attn.q_proj`` x L)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
     name: str
     kind: str
     count: int
     flops: float
     bytes_moved: float
-    intensity_flops_per_byte: float
+    intensity_flops_per_byte: float | None = Field(
+        description="flops / bytes_moved; None when the group moves no bytes (no finite intensity: unbounded with "
+                    "FLOPs, undefined without), so a plan file and --json stay finite JSON")
     bound: Bound
     time_s: float
     lower_bound_s: float
@@ -93,7 +95,7 @@ def group_ops(ops: tuple[OpRoofline, ...], grad_accum_steps: int) -> tuple[OpGro
                 count=len(members),
                 flops=flops,
                 bytes_moved=n_bytes,
-                intensity_flops_per_byte=flops / n_bytes if n_bytes else math.inf,
+                intensity_flops_per_byte=flops / n_bytes if n_bytes else None,
                 bound=max(by_bound, key=lambda b: by_bound[b]),
                 time_s=time_s,
                 lower_bound_s=grad_accum_steps * sum(o.lower_bound_s for o in members),

@@ -96,9 +96,9 @@ def test_window_and_sinks_cost_what_the_eager_kernel_runs() -> None:
 
 
 def test_refusals_name_the_field() -> None:
-    with pytest.raises(ValueError, match="sliding_window: the reference model's flash attention"):
-        TINY.model_copy(update={"attention": AttentionImpl.FLASH}).model_validate(
-            {**TINY.model_dump(), "attention": "flash", "attention_sinks": False})
+    # flash with a window: refused once the window binds (tests/planner/test_readers_dense.py)
+    flash = ModelConfig.model_validate({**TINY.model_dump(), "attention": "flash", "attention_sinks": False})
+    assert flash.window_refusal(16) is None and "sliding_window: 16 keys" in str(flash.window_refusal(17))
     with pytest.raises(ValueError, match="attention_sinks: PyTorch's SDPA has no sink logit"):
         ModelConfig.model_validate({**TINY.model_dump(), "attention": "flash", "sliding_window": None,
                                     "layer_types": None})

@@ -509,9 +509,12 @@ def test_hf_gpt2_gelu_variants(act: str) -> None:
 
 
 def test_hf_explicit_head_dim_differs() -> None:
+    # GPT2Attention splits n_embd into n_head heads and reads no head_dim; LlamaAttention honours it
+    # (tests/planner/test_readers_dense.py prices it)
     with pytest.raises(ConfigError) as excinfo:
-        model_from_hf_config({**load_fixture("llama"), "head_dim": 64})
+        model_from_hf_config({**load_fixture("gpt2"), "head_dim": 64})
     one_line_error(excinfo, "head_dim", "not supported")
+    assert model_from_hf_config({**load_fixture("llama"), "head_dim": 64}).head_dim == 64
 
 
 def test_hf_explicit_head_dim_equal_is_fine() -> None:

@@ -48,6 +48,12 @@ def hf_config_for(model: ModelConfig) -> Any:
     if model.family is Family.MISTRAL:
         assert not (model.qkv_bias or model.attn_out_bias or model.mlp_bias)
         return transformers.MistralConfig(**common)
+    if model.family is Family.OLMO2:
+        assert model.qkv_bias == model.attn_out_bias and not model.mlp_bias  # one attention_bias switch
+        return transformers.Olmo2Config(attention_bias=model.qkv_bias, head_dim=model.head_dim, **common)
+    if model.family is Family.QWEN3:
+        assert model.qkv_bias == model.attn_out_bias and not model.mlp_bias  # one attention_bias switch
+        return transformers.Qwen3Config(attention_bias=model.qkv_bias, head_dim=model.head_dim, **common)
     assert model.family is Family.QWEN2
     assert model.qkv_bias and not model.attn_out_bias and not model.mlp_bias
     return transformers.Qwen2Config(**common)

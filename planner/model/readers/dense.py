@@ -1,5 +1,17 @@
-"""Read a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2, and the mixture-of-
-experts mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt_oss) as a ModelConfig.
+"""Read a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2, qwen3, and the mixture-
+of-experts mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt_oss) as a ModelConfig.
+
+transformers 5.24.0 (``models/<type>/configuration_<type>.py``, ``modeling_<type>.py``):
+``LlamaAttention``, ``MistralAttention``, ``Qwen2Attention`` and ``Qwen3Attention`` project
+D -> N ``head_dim`` when the file sets ``head_dim`` (Mistral NeMo: 5120 -> 32 x 128; Qwen3's class
+default is 128 whatever D / N is), and ``LlamaConfig`` still requires D divisible by N; GPT-2
+reads no ``head_dim``. qwen3 is Qwen2's layout with ``attention_bias`` on q, k, v and o (default
+false), RMSNorm over each head's ``head_dim`` values of q and k (``q_norm``/``k_norm``) and no MLP
+bias. olmo2 (``Olmo2DecoderLayer``) norms each branch's output before its residual add
+(``post_attention_layernorm``, ``post_feedforward_layernorm``: norm_placement post), RMSNorms q and
+k over all heads (N ``head_dim`` and K ``head_dim`` wide: qk_norm full) and has ``attention_bias``
+on q, k, v and o. Sliding windows (mistral, qwen2, qwen3) are read by
+``planner.model.readers.windows``.
 
 Keys a config.json may omit take transformers' own defaults (``_HF_DEFAULTS``; tests check them
 against the installed transformers). Every problem is a ``ConfigError`` naming the file and key.
@@ -16,14 +28,18 @@ from pydantic import ValidationError
 
 from hardware.validation import describe_validation_error
 from planner.errors import ConfigError
-from planner.model.config import Activation, Family, MlpKind, ModelConfig, PositionKind
+from planner.model.checks import config_json_keys
+from planner.model.config import Activation, Family, MlpKind, ModelConfig, PositionKind, QkNorm
 from planner.model.readers.fields import hf_bool as _hf_bool
 from planner.model.readers.fields import hf_float as _hf_float
 from planner.model.readers.fields import hf_int as _hf_int
 from planner.model.readers.fields import hf_rope_theta as _hf_rope_theta
 from planner.model.readers.moe import MOE_DEFAULTS, MOE_TYPES, REFUSED_TYPES, moe_fields
+from planner.model.readers.windows import window_fields
 
-_HF_TYPES = ("gpt2", "llama", "mistral", "qwen2", *MOE_TYPES)
+_HF_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", *MOE_TYPES)
+# dense types whose attention honours an explicit head_dim; qwen3's class default is 128
+_HEAD_DIM_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
 
 # transformers' defaults (its GPT2Config / LlamaConfig / MistralConfig / Qwen2Config; the MoE types'
 # in planner.model.readers.moe) for the keys a config.json may omit; tests check these against the
@@ -44,6 +60,15 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen2": {
         "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
         "hidden_act": "silu", "attention_dropout": 0.0, "rope_theta": 10000.0, "num_key_value_heads": 32,
+    },
+    "qwen3": {
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "hidden_act": "silu", "attention_dropout": 0.0, "rope_theta": 10000.0, "num_key_value_heads": 32,
+        "head_dim": 128, "attention_bias": False,
+    },
+    "olmo2": {
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "hidden_act": "silu",
+        "attention_dropout": 0.0, "rope_theta": 10000.0, "attention_bias": False,
     },
     **MOE_DEFAULTS,
 }
@@ -138,6 +163,9 @@ def _gated_biases(
         return attn_bias, attn_bias, _hf_bool(data, "mlp_bias", context, defaults["mlp_bias"])
     if model_type == "qwen2":
         return True, False, False  # Qwen2Attention: q/k/v biased, o_proj not
+    if model_type in ("qwen3", "olmo2"):  # attention_bias on q, k, v and o; their MLPs have no bias
+        attn_bias = _hf_bool(data, "attention_bias", context, defaults["attention_bias"])
+        return attn_bias, attn_bias, False
     # MistralAttention/MistralMLP have no bias switch: transformers ignores attention_bias here
     # (the MoE types' biases are set by moe_fields)
     return False, False, False
@@ -162,25 +190,47 @@ def _gated_fields(
         "rope_theta": _hf_rope_theta(data, context, defaults["rope_theta"]),
         "dropout": _hf_float(data, "attention_dropout", context, defaults["attention_dropout"]),
     }
+    fields.update(window_fields(data, model_type, shape.n_layers, context))
+    if model_type in _HEAD_DIM_TYPES:
+        fields.update(_head_dim_fields(data, model_type, defaults, shape, context))
     if model_type in MOE_TYPES:
         fields.update(moe_fields(data, model_type, n_layers=shape.n_layers, d_model=shape.d_model,
                                  n_heads=shape.n_heads, d_ff=shape.d_ff, context=context))
     return fields
 
 
+def _head_dim_fields(
+    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: _Shape, context: str
+) -> dict[str, Any]:
+    """``attention_head_dim`` where the file's ``head_dim`` (qwen3: its class default too) is not D / N,
+    and qwen3's per-head q/k norms."""
+    fields: dict[str, Any] = {"qk_norm": QkNorm.HEAD} if model_type == "qwen3" else {}
+    if model_type == "qwen3" and "head_dim" in data and data["head_dim"] is None:
+        raise ConfigError(f"{context}: head_dim: null is rejected by transformers' Qwen3Config (an int field); give "
+                          "the head size or omit it (default 128)")
+    if data.get("head_dim") is None and "head_dim" not in defaults:
+        return fields  # hidden_size / num_attention_heads
+    head_dim = _hf_int(data, "head_dim", context, default=defaults.get("head_dim"))
+    if head_dim * shape.n_heads != shape.d_model:
+        fields["attention_head_dim"] = head_dim
+    return fields
+
+
 def _check_heads(
     data: Mapping[str, Any], model_type: str, shape: _Shape, fields: Mapping[str, Any], context: str
 ) -> None:
-    """Refuse an explicit head dim (dense types), a hidden size the heads do not divide (unless the type
-    sets its own head dim or uses MLA) and query heads the KV heads do not divide."""
+    """Refuse GPT-2's explicit head dim (its attention reads none), a hidden size the heads do not
+    divide (unless the type sets its own head dim or uses MLA; LlamaConfig requires it anyway) and
+    query heads the KV heads do not divide."""
     d_model, n_heads, heads_key = shape.d_model, shape.n_heads, shape.heads_key
     head_dim = data.get("head_dim")
-    if model_type not in MOE_TYPES and head_dim is not None and head_dim != d_model / n_heads:
+    if model_type == "gpt2" and head_dim is not None and head_dim != d_model / n_heads:
         raise ConfigError(
-            f"{context}: head_dim: {head_dim!r} differs from {'n_embd' if model_type == 'gpt2' else 'hidden_size'} / "
-            f"{heads_key} = {d_model} / {n_heads}; an explicit head dim is not supported"
+            f"{context}: head_dim: {head_dim!r} differs from n_embd / {heads_key} = {d_model} / {n_heads}; GPT-2's "
+            "attention splits n_embd into n_head heads and an explicit head dim is not supported"
         )
-    if d_model % n_heads and not fields.get("attention_head_dim") and not fields.get("mla"):
+    own_dim = (fields.get("attention_head_dim") or fields.get("mla")) and model_type != "llama"
+    if d_model % n_heads and not own_dim:
         raise ConfigError(f"{context}: {heads_key}: hidden size {d_model} is not divisible by {n_heads} heads")
     if n_heads % shape.n_kv_heads:
         raise ConfigError(
@@ -191,8 +241,8 @@ def _check_heads(
 def model_from_hf_config(
     data: Mapping[str, Any], name: str = "custom", *, context: str = "transformers config"
 ) -> ModelConfig:
-    """A ModelConfig from a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2,
-    mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt_oss).
+    """A ModelConfig from a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2, qwen3,
+    olmo2, mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt_oss).
 
     Everything comes from the file; keys it omits take transformers' defaults for its model type.
     """
@@ -216,7 +266,7 @@ def model_from_hf_config(
     try:
         return ModelConfig.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(describe_validation_error(error, context)) from None
+        raise ConfigError(describe_validation_error(error, context, config_json_keys(model_type))) from None
 
 
 def hf_name(data: Mapping[str, Any], path: Path | None) -> str:

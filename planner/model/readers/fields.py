@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
+from planner.model.checks import CONFIG_JSON_SIZE_KEYS, size_problem
 
 
 def hf_int(data: Mapping[str, Any], key: str, context: str, default: int | None = None) -> int:
@@ -22,6 +23,9 @@ def hf_int(data: Mapping[str, Any], key: str, context: str, default: int | None 
         raise ConfigError(f"{context}: {key}: required field is missing")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{context}: {key}: expected a positive integer, got {value!r}")
+    beyond = size_problem(CONFIG_JSON_SIZE_KEYS.get(key, ""), value, key)  # before any per-layer list is built
+    if beyond is not None:
+        raise ConfigError(f"{context}: {beyond}")
     return value
 
 
