@@ -30,11 +30,13 @@ from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, S
 from planner.plan.knobs import GradSync, Knobs, parse_checkpoint_spec
 from planner.plan.layouts import LayoutRequest, as_flags, check_fixed_request, checked_request, fixed_layout
 from planner.plan.parallel_dims import layout_label
+from planner.plan.pipeline_schedules import PipelineSchedule
 from planner.precision import PrecisionPolicy
 from planner.program.estimate import estimate
 from planner.program.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
 from roofplan.advice import infeasible_message, reserve_exceeds_cap
 from roofplan.memory_cap import hbm_cap, headroom_bytes
+from roofplan.pipeline_flags import PIPELINE_NEEDS_FIXED, pipeline_layers, pipeline_schedule
 from roofplan.results import Plan
 
 if TYPE_CHECKING:  # search imports optuna: only when a search runs
@@ -146,6 +148,9 @@ def plan(
     save_list: str | SaveList | None = None,
     ep: int | None = None,
     headroom: str | int | float | None = None,
+    pp: int = 1,
+    pp_schedule: str | PipelineSchedule | None = None,
+    pp_layers: str | Sequence[int] | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
@@ -164,7 +169,8 @@ def plan(
     ``InfeasibleError`` (exit code 1 on the command line) when nothing fits, with the smallest
     plan found and what would make it fit. ``on_trial(done, planned)`` follows the search's
     trials, ``on_stage(text)`` names each longer step without trials (the smallest plan and the
-    fewest GPUs, when nothing fits).
+    fewest GPUs, when nothing fits). ``pp`` > 1 splits the blocks into that many pipeline stages
+    (``pp_layers`` blocks each, else evenly) run by ``pp_schedule`` (``roofplan.pipeline_flags``).
     """
     hw = system(hardware, gpus_per_node)
     ckpt_policy = _checkpoint_policy(checkpoint_policy)
@@ -177,7 +183,10 @@ def plan(
         save_list=save_list if isinstance(save_list, SaveList) else parse_save_list(save_list or "torchtitan"),
         grad_sync=_grad_sync(fsdp_grad_sync, gpus, zero_stage), allow_segments=allow_segments,
         layout=checked_request(model, LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tp, cp=cp, ep=ep,
-                                                    sp=sequence_parallel)))
+                                                    sp=sequence_parallel, pp=pp)),
+        pipeline=(pipeline_schedule(pp_schedule), pipeline_layers(pp_layers, pp)))
+    if pp > 1 and not asked.fixed:
+        raise ConfigError(PIPELINE_NEEDS_FIXED)
     if asked.fixed:
         return _fixed_plan(model, training, asked)
     from search.study import SamplerKind, SearchOptions
@@ -214,6 +223,7 @@ class _Asked:
     grad_sync: GradSync
     allow_segments: bool
     layout: LayoutRequest
+    pipeline: tuple[PipelineSchedule, tuple[int, ...]]  # schedule, blocks per stage
 
     @property
     def fixed(self) -> bool:
@@ -236,7 +246,7 @@ def _fixed_plan(model: ModelConfig, training: TrainConfig, asked: _Asked) -> Pla
     request, micro_batch_size, policies = asked.layout, asked.micro_batch_size, asked.policies
     assert micro_batch_size is not None and policies is not None and asked.blocks is not None
     check_fixed_request(model, training, request, asked.hw.gpus_per_node)
-    per_rank = training.global_batch_size * (request.tp or 1) * (request.cp or 1) // asked.gpus
+    per_rank = training.global_batch_size * (request.tp or 1) * (request.cp or 1) * request.pp // asked.gpus
     if micro_batch_size <= 0 or per_rank % micro_batch_size:
         raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_rank} "
                           "sequences each data-parallel rank gets per step")
@@ -249,6 +259,8 @@ def _fixed_plan(model: ModelConfig, training: TrainConfig, asked: _Asked) -> Pla
         save_list=asked.save_list,
         parallel=fixed_layout(request),
         fsdp_grad_sync=asked.grad_sync,
+        pp_schedule=asked.pipeline[0],
+        pp_layers=asked.pipeline[1],
     )
     return estimate_plan(model, training, asked.hw, knobs, hbm=asked.cap, headroom=asked.headroom)
 

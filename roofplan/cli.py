@@ -85,6 +85,14 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
                    help="expert-parallel degree on a mixture-of-experts model (torchtitan's: each MoE block's "
                         "experts split over N of FSDP2's data-parallel ranks, routed tokens exchanged by all-to-all); "
                         "searched if omitted over degrees dividing the experts and the data-parallel ranks")
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline-parallel degree (torch.distributed.pipelining): the blocks split into N stages, "
+                        "one per rank of a pipeline; the micro-batches are the accumulation steps. Priced, not "
+                        "searched: give the other knobs")
+    p.add_argument("--pp-schedule", default=None, metavar="{gpipe,1f1b,...}",
+                   help="pipeline schedule: gpipe or 1f1b (default); interleaved-1f1b, looped-bfs, "
+                        "interleaved-zero-bubble, zbv-zero-bubble and dualpipev are not modelled yet")
+    p.add_argument("--pp-layers", default=None, help="blocks per pipeline stage, e.g. 15,16,16,17 (default: even)")
     p.add_argument("--no-sequence-parallel", action="store_true",
                    help="tensor parallelism without sequence parallelism (norms, dropout and residuals on every "
                         "rank whole; all-reduces instead of all-gathers and reduce-scatters)")
@@ -207,6 +215,9 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             save_list=args.save_list,
             sequence_parallel=not args.no_sequence_parallel,
             headroom=args.headroom,
+            pp=args.pp,
+            pp_schedule=args.pp_schedule,
+            pp_layers=args.pp_layers,
         )
     except InfeasibleError as error:
         return error

@@ -25,8 +25,11 @@ if TYPE_CHECKING:
     from planner.program.results import PlanResult
 
 
-NOT_MODELLED = ("not modelled yet: pipeline parallelism, HSDP, CPU offload (modelled: data parallelism with DDP, "
-                "ZeRO-1 or FSDP2, tensor, sequence, context and expert parallelism)")
+from roofplan.render_pipeline import stages_table  # noqa: E402  (after the TYPE_CHECKING block)
+
+NOT_MODELLED = ("not modelled yet: HSDP, CPU offload, pipelines under FSDP2 or with looped/zero-bubble schedules "
+                "(modelled: data parallelism with DDP, ZeRO-1 or FSDP2, tensor, sequence, context and expert "
+                "parallelism, GPipe and 1F1B pipelines)")
 
 
 def zero_label(knobs: Knobs) -> str:
@@ -195,6 +198,9 @@ def _state_rows(result: PlanResult) -> list[_Row]:
     if dims.tp > 1 or dims.ep > 1:  # one rank's share of the model (norms whole on every rank)
         split = " x ".join(f"{name} {degree}" for name, degree in (("TP", dims.tp), ("EP", dims.ep)) if degree > 1)
         n = f"{format_count(rank_parameters(m, dims))} ({split})"
+    if result.best.estimate.stages:  # the busiest pipeline stage's
+        stage = max(result.best.estimate.stages, key=lambda s: s.peak_allocated_bytes)
+        n = f"{format_count(stage.n_params)} (stage {stage.stage} of PP {dims.pp}{', TP ' + str(dims.tp) if dims.tp > 1 else ''})"
     per = f"{n} / {ranks}" if sharded else n
     grads = strategy.gradients(k) if ranks > 1 else spec.grad_dtype.value
     state_per = f"{n} / {ranks}" if strategy.shards_state else n
@@ -375,7 +381,8 @@ def search_line(result: PlanResult) -> Text:
 
 def report(result: PlanResult) -> Group:
     parts: list[RenderableType] = [_title(result), verdict(result), *notes(result), knobs_table(result),
-                                   memory_table(result), time_table(result), sources_table(result), ops_table(result)]
+                                   memory_table(result), *stages_table(result), time_table(result),
+                                   sources_table(result), ops_table(result)]
     if result.alternatives:
         parts.append(alternatives_table(result))
     if result.search is not None:

@@ -45,6 +45,10 @@ def validate(
         requested = RequestedMode(mode)
     except ValueError:
         raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run") from None
+    if plan.best.knobs.parallel.pp > 1:
+        raise ConfigError(f"validate: pipeline-parallel plans (pp {plan.best.knobs.parallel.pp}) cannot be run here yet; "
+                          "their per-stage memory is checked against torch.distributed.pipelining by "
+                          "tests/validate/test_pipeline_memory.py (validate/pipeline.py)")
     impl = _implementation(plan, implementation)
     if impl is not Implementation.REFERENCE:
         return _validate_implementation(plan, impl, requested, device, steps, hardware, progress)

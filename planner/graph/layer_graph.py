@@ -50,6 +50,11 @@ class LayerGraph:
     held_until: dict[str, str] = field(default_factory=dict, repr=False)
 
     saved: dict[str, int] = field(default_factory=dict, repr=False)  # name -> saved_bytes
+    # a pipeline stage before the last: backward starts from its output's received gradient
+    output_grad_received: bool = False
+    # a pipeline's last stage: its output (the logits) is cached until the micro-batch's backward
+    # (``stage.py`` ``fwd_cache``) and then held by the schedule until the next forward returns
+    stage_output: str | None = None
     edges: tuple[tuple[str, str, int, bool], ...] = field(default=(), repr=False)  # producer, consumer, slot, saved
 
     def node(self, name: str) -> GraphNode:

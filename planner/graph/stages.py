@@ -67,7 +67,8 @@ def stage_graph(graph: LayerGraph, span: StageSpan) -> LayerGraph:
     if span.first_block == 0 and span.last_block == n_blocks - 1:
         return graph
     block = graph.block_of
-    ran = {name for name in graph.order if block[name] is not None and span.first_block <= block[name] <= span.last_block}
+    index = {name: -1 if b is None else b for name, b in block.items()}  # -1: outside the blocks
+    ran = {name for name in graph.order if span.first_block <= index[name] <= span.last_block}
     first_block_at = min(i for i, name in enumerate(graph.order) if block[name] is not None)
     before = [name for name in graph.order[:first_block_at] if block[name] is None]
     after = [name for name in graph.order[first_block_at:] if block[name] is None]
@@ -88,7 +89,9 @@ def stage_graph(graph: LayerGraph, span: StageSpan) -> LayerGraph:
     end = order[-1]
     held = {t: (u if u in kept else end) for t, u in graph.held_until.items() if t in kept}
     return LayerGraph(model=graph.model, batch=graph.batch, seq_len=graph.seq_len, precision=graph.precision,
-                      ops=ops, order=tuple(order), held_until=held, saved=saved, edges=tuple(edges))
+                      ops=ops, order=tuple(order), held_until=held, saved=saved, edges=tuple(edges),
+                      output_grad_received=span.last_block < n_blocks - 1,
+                      stage_output=_logits(graph) if span.last_block == n_blocks - 1 else None)
 
 
 def _boundary(graph: LayerGraph, ran: set[str], span: StageSpan) -> str:
@@ -113,6 +116,12 @@ def _shared(graph: LayerGraph, before: list[str], ran: set[str]) -> set[str]:
                 needed.add(p)
                 frontier.append(p)
     return needed
+
+
+def _logits(graph: LayerGraph) -> str:
+    """The last stage's output: what its module returns before the schedule's loss (the LM head's)."""
+    heads = [name for name in graph.order if graph.ops[name].spec.kind is OpKind.LINEAR and graph.block_of[name] is None]
+    return heads[-1]
 
 
 def _renamed(node: GraphNode, boundary: str | None) -> GraphNode:

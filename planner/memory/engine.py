@@ -22,8 +22,8 @@ from planner.memory.types import CATEGORIES, Category, Live
 from planner.memory.walk import Walk, WalkHooks
 from planner.plan.schedule import Event
 
-_PARAMS, _GRADS, _OPTIMIZER, _DATA = (CATEGORIES.index(c) for c in (Category.PARAMS, Category.GRADS,
-                                                                    Category.OPTIMIZER, Category.DATA))
+_PARAMS, _GRADS, _OPTIMIZER, _DATA, _ACTIVATIONS = (
+    CATEGORIES.index(c) for c in (Category.PARAMS, Category.GRADS, Category.OPTIMIZER, Category.DATA, Category.ACTIVATIONS))
 
 
 class EngineHooks(WalkHooks):
@@ -39,6 +39,7 @@ class EngineHooks(WalkHooks):
         live.add(_PARAMS, self.static.params_bytes)
         live.add(_OPTIMIZER, self.static.optimizer_bytes)
         live.add(_DATA, self.static.data_bytes)
+        live.add(_ACTIVATIONS, self.static.received_bytes)
 
     def new_walk(self, units: dict[int, int], live: Live, event: Event) -> Walk:
         """The walk of ``event``'s micro-batch (its forward)."""
@@ -103,6 +104,7 @@ class StaticMemory:
     grads_bytes: int  # when all gradients exist
     optimizer_step_temp_bytes: int
     engine: Accumulate = field(default_factory=Accumulate)
+    received_bytes: int = 0  # a pipeline stage's receive buffers (activations and gradients), held for the step
 
     @property
     def grads_resident(self) -> bool:

@@ -65,8 +65,12 @@ class Prepared:
         self.view_of: list[int | None] = [self.inputs[i][0] if op.cost.output_is_view else None
                                           for i, op in enumerate(nodes)]
         self.grad_size = [round_bytes(op.cost.output.n_bytes) for op in nodes]
-        self.out_bytes = [0 if base is not None else size for base, size in zip(self.view_of, self.grad_size,
-                                                                                    strict=True)]
+        self.out_bytes = [0 if base is not None or op.cost.output_preallocated else size
+                          for base, size, op in zip(self.view_of, self.grad_size, nodes, strict=True)]
+        self.keeps_grad = [op.cost.keeps_grad for op in nodes]
+        # the gradient backward starts from: the loss's scalar, or (a pipeline stage before the
+        # last) the received gradient of its output, in a receive buffer held for the step
+        self.seed_bytes = 0 if graph.output_grad_received else self.grad_size[n - 1]
         self.out_grad = [op.cost.output.requires_grad and op.cost.has_backward for op in nodes]
         self.extras = [sum(round_bytes(b) for b in op.cost.saved_extra_bytes) for op in nodes]
         self.copies = [sum(round_bytes(b) for b in op.cost.autocast_copy_bytes) for op in nodes]
@@ -90,3 +94,8 @@ class Prepared:
             for op in nodes
         ]
         self.full_pending = [len(self.consumers[t]) + len(self.frame_users[t]) for t in range(n)]
+        # a pipeline's last stage caches its output (the logits) until the backward starts: the
+        # loss, whose backward runs first, holds it (``LayerGraph.stage_output``)
+        self.stage_output = position[graph.stage_output] if graph.stage_output is not None else None
+        if self.stage_output is not None and self.stage_output != n - 1:
+            self.savers[self.stage_output].append(n - 1)

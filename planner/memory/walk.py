@@ -302,7 +302,7 @@ class Walk:
         p, live = self.p, self.live
         n = p.n
         # d loss / d loss (one fp32 scalar), or a pipeline stage's received output gradient
-        self.grad_buffer[n - 1] = self._new_buffer(p.grad_size[n - 1], p.grad_category[n - 1])
+        self.grad_buffer[n - 1] = self._new_buffer(p.seed_bytes, p.grad_category[n - 1])
         self.hooks.backward_start(self)
         for i in range(n - 1, -1, -1):
             self.hooks.before_backward(self, i)
@@ -336,7 +336,10 @@ class Walk:
                     momentary[0] += self._param_grads(i)
                 live.observe(Phase.BACKWARD, p.names[i], momentary[0], momentary[1])
                 self._sum_pending()
-            self._drop_buffer(own)
+            if p.keeps_grad[i] and own:  # lives on past this walk, to the step's end
+                self.buffers.pop(own)
+            else:
+                self._drop_buffer(own)
             self.grad_buffer[i] = 0
             for t in self.release[i]:
                 self.holds[t] -= 1

@@ -240,6 +240,11 @@ class LayerCost(BaseModel):
     param_numel: int = 0
     param_dtype: DType = DType.FP32
     has_backward: bool = True
+    # the output is written into a buffer the rank holds for the whole step (a pipeline stage's
+    # receive buffer): the op allocates nothing
+    output_preallocated: bool = False
+    # its gradient lives until the step ends (a pipeline stage input's ``.grad``)
+    keeps_grad: bool = False
     # everything the op saves exists before its kernel runs (a matmul saves its inputs, not its
     # output): a checkpoint recompute that ends on this op stops before running it
     saves_before_compute: bool = False

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, computed_field, 
 
 from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
 from planner.plan.parallel_dims import ParallelDims
+from planner.plan.pipeline_schedules import PipelineSchedule
 from planner.plan.schedule import Schedule, accumulation
 from planner.precision import PrecisionPolicy
 
@@ -46,6 +47,11 @@ class Knobs(BaseModel):
     fsdp_grad_sync: GradSync = Field(
         default=GradSync.EVERY, description="ZeRO-2/3: reduce-scatter after every micro-batch or only the last"
     )
+    pp_schedule: PipelineSchedule = Field(
+        default=PipelineSchedule.ONE_F_ONE_B, description="pipeline parallelism (parallel.pp > 1): the schedule "
+        "torch.distributed.pipelining runs, over grad_accum_steps micro-batches (planner.plan.pipeline_plan)")
+    pp_layers: tuple[PositiveInt, ...] = Field(
+        default=(), description="blocks per pipeline stage, first stage first; () splits them evenly")
 
     @model_validator(mode="before")
     @classmethod
@@ -92,6 +98,9 @@ class Knobs(BaseModel):
         if self.checkpoint_segments and self.checkpoint_policy is not CheckpointPolicy.FULL:
             raise ValueError(f"checkpoint_segments: segments checkpoint whole blocks; the {self.checkpoint_policy.value} "
                              "policy applies to blocks one by one (checkpoint_blocks)")
+        if self.pp_layers and len(self.pp_layers) != self.parallel.pp:
+            raise ValueError(f"pp_layers: {len(self.pp_layers)} stages given for parallel.pp {self.parallel.pp}; give "
+                             "one block count per stage, or leave it out for an even split")
         if self.fsdp_grad_sync is GradSync.LAST and not self.parallel.shards_parameters:
             raise ValueError("fsdp_grad_sync 'last' applies to ZeRO-2/3 (FSDP2); DDP and ZeRO-1 already reduce "
                              "gradients once per step")

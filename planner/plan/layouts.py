@@ -66,6 +66,7 @@ class LayoutRequest(BaseModel):
     cp: int | None = None
     ep: int | None = None
     sp: bool = True  # sequence parallelism beside tensor parallelism (--no-sequence-parallel: False)
+    pp: int = 1  # pipeline stages (--pp): fixed, never searched
 
     @property
     def fixed(self) -> bool:
@@ -265,6 +266,10 @@ def checked_request(model: ModelConfig, request: LayoutRequest) -> LayoutRequest
         request = request.model_copy(update={"tp": 1, "cp": 1, "ep": 1})
     if request.ep is None and model.moe is None:
         request = request.model_copy(update={"ep": 1})
+    if request.pp > 1:  # pipeline layouts are not searched: what is left out is the plainest layout
+        request = request.model_copy(update={key: getattr(request, key) if getattr(request, key) is not None
+                                             else default for key, default in
+                                             (("zero_stage", 0), ("tp", 1), ("cp", 1), ("ep", 1))})
     cp, stage = request.cp, request.zero_stage
     if cp is not None and cp > 1 and stage is not None and stage < 2:
         raise ConfigError(f"--cp: context parallelism runs with FSDP2 over the data- and context-parallel ranks; "
@@ -277,15 +282,17 @@ def check_fixed_request(model: ModelConfig, training: TrainConfig, request: Layo
     """Refuse the flags of a request that fixes every degree (``LayoutRequest.fixed``) one by one:
     the ZeRO stage, ep against the model, tp and cp dividing the GPUs (``fixed_layout`` then
     refuses their combination)."""
-    gpus, tp, cp, ep = request.gpus, request.tp, request.cp, request.ep
+    gpus, tp, cp, ep, pp = request.gpus, request.tp, request.cp, request.ep, request.pp
     assert tp is not None and cp is not None and ep is not None, "a fixed request gives every degree"
-    zero_stages(training, gpus, gpus_per_node, request.zero_stage)
+    if pp < 1 or gpus % pp:
+        raise ConfigError(f"--pp: {pp} must be a positive divisor of the {gpus} GPUs (--gpus)")
+    zero_stages(training, gpus // pp, gpus_per_node, request.zero_stage)
     expert_degrees(model, gpus, ep)
     for flag, degree in (("--tp", tp), ("--cp", cp)):
         if degree <= 0 or gpus % degree:
             raise ConfigError(f"{flag}: {degree} must be a positive divisor of the {gpus} GPUs (--gpus)")
-    if gpus % (tp * cp):
-        raise ConfigError(f"--tp x --cp: {tp} x {cp} must divide the {gpus} GPUs (--gpus)")
+    if gpus % (tp * cp * pp):
+        raise ConfigError(f"--tp x --cp x --pp: {tp} x {cp} x {pp} must divide the {gpus} GPUs (--gpus)")
 
 
 def fixed_layout(request: LayoutRequest) -> ParallelDims:
@@ -295,12 +302,12 @@ def fixed_layout(request: LayoutRequest) -> ParallelDims:
     assert tp is not None and cp is not None and ep is not None, "a fixed request gives every degree"
     try:
         return ParallelDims.data_parallel_of(request.gpus, request.zero_stage or 0, tp=tp, sp=request.sp and tp > 1,
-                                             cp=cp, ep=ep)
+                                             cp=cp, ep=ep, pp=request.pp)
     except ValidationError as error:
-        raise ConfigError(f"--zero-stage / --tp / --cp / --ep: "
+        raise ConfigError(f"--zero-stage / --tp / --cp / --ep / --pp: "
                           f"{error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     except ValueError as error:
-        raise ConfigError(f"--zero-stage / --tp / --cp / --ep: {error}") from None
+        raise ConfigError(f"--zero-stage / --tp / --cp / --ep / --pp: {error}") from None
 
 
 def scale_out_degrees(model: ModelConfig, seq_len: int, gpus_per_node: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -55,11 +55,13 @@ class Group(StrEnum):
     DP = "dp"  # the data-parallel ranks (DDP, ZeRO-1)
     FSDP = "fsdp"  # the ranks FSDP2 shards over: data- and context-parallel together
     EP = "ep"  # an expert-parallel group: ep consecutive data-parallel ranks
+    PP = "pp"  # a pipeline: one rank of each stage, world_size / pp ranks apart
 
 
 class MeshAxis(StrEnum):
     """A named dimension of the device mesh (torchtitan's ``mesh_dim_names``)."""
 
+    PP = "pp"  # the pipeline stages, outermost
     DP = "dp"  # the data-parallel ranks (replicate or shard)
     DP_MOD_EP = "dp_mod_ep"  # under expert parallelism: the data-parallel ranks holding the same experts
     EP = "ep"  # an expert-parallel group: consecutive data-parallel ranks
@@ -74,10 +76,11 @@ GROUP_AXES: dict[Group, frozenset[MeshAxis]] = {
     Group.DP: frozenset({MeshAxis.DP, MeshAxis.DP_MOD_EP, MeshAxis.EP}),
     Group.FSDP: frozenset({MeshAxis.DP, MeshAxis.DP_MOD_EP, MeshAxis.EP, MeshAxis.CP}),  # torchtitan's dp_shard_cp
     Group.EP: frozenset({MeshAxis.EP}),
+    Group.PP: frozenset({MeshAxis.PP}),
 }
 ZERO_STAGE_OF = {None: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}
 SHARDING_OF_STAGE = {stage: sharding for sharding, stage in ZERO_STAGE_OF.items()}
-NOT_MODELLED = ("pp",)
+NOT_MODELLED: tuple[str, ...] = ()  # dimensions a layout may not use yet
 
 
 class ParallelDims(BaseModel):
@@ -91,7 +94,8 @@ class ParallelDims(BaseModel):
     tp: PositiveInt = Field(default=1, description="tensor parallel degree (ColwiseParallel / RowwiseParallel)")
     sp: bool = Field(default=False, description="sequence parallelism inside the tensor-parallel group")
     cp: PositiveInt = Field(default=1, description="context parallel degree (torch's context_parallel: ring attention)")
-    pp: PositiveInt = Field(default=1, description="pipeline parallel degree (not modelled yet)")
+    pp: PositiveInt = Field(default=1, description="pipeline parallel degree: stages of the model's blocks, one per "
+                            "rank of a pipeline (torch.distributed.pipelining)")
     ep: PositiveInt = Field(default=1, description="expert parallel degree: each MoE block's experts split over "
                             "this many of the FSDP2 ranks, routed tokens exchanged by all-to-all; divides dp_shard")
 
@@ -119,6 +123,9 @@ class ParallelDims(BaseModel):
             raise ValueError(f"parallel.ep: expert parallelism is modelled over FSDP2's data-parallel ranks without "
                              f"context parallelism: use an ep that divides dp_shard ({self.dp_shard}) with ZeRO-2/3 and "
                              "cp 1, or ep 1")
+        if self.pp > 1 and self.shards_parameters:
+            raise ValueError(f"parallel.pp: pipeline parallelism with FSDP2 ({self.sharding.value if self.sharding else ''}"
+                             ", ZeRO-2/3) is not modelled yet; use DDP or ZeRO-1 with pp > 1")
         for name in NOT_MODELLED:
             if getattr(self, name) > 1:
                 raise ValueError(f"parallel.{name}: {getattr(self, name)} is not modelled yet; use {name} = 1")
@@ -126,20 +133,20 @@ class ParallelDims(BaseModel):
 
     @classmethod
     def data_parallel_of(cls, world_size: int, zero_stage: int, tp: int = 1, sp: bool = False,
-                         cp: int = 1, ep: int = 1) -> ParallelDims:
+                         cp: int = 1, ep: int = 1, pp: int = 1) -> ParallelDims:
         """``world_size`` GPUs: groups of ``tp`` tensor-parallel ranks, ``cp`` such groups to a
         context-parallel group, data parallel over those at a ZeRO stage (0: DDP; 1: ZeRO-1;
         2/3: FSDP2, over the data- and context-parallel ranks)."""
         if zero_stage not in SHARDING_OF_STAGE:
             raise ValueError(f"zero_stage: {zero_stage} is not a ZeRO stage; use 0, 1, 2 or 3")
-        if tp < 1 or cp < 1 or world_size % (tp * cp):
-            raise ValueError(f"tp x cp: {tp} x {cp} must divide the {world_size} GPUs")
-        data = world_size // (tp * cp)
+        if tp < 1 or cp < 1 or pp < 1 or world_size % (tp * cp * pp):
+            raise ValueError(f"tp x cp x pp: {tp} x {cp} x {pp} must divide the {world_size} GPUs")
+        data = world_size // (tp * cp * pp)
         if data * cp == 1 or zero_stage == 0:
             if zero_stage:
                 raise ValueError("zero_stage: sharding needs several data-parallel ranks; use zero_stage 0")
-            return cls(dp_replicate=data, tp=tp, sp=sp, cp=cp, ep=ep)
-        return cls(dp_shard=data, sharding=SHARDING_OF_STAGE[zero_stage], tp=tp, sp=sp, cp=cp, ep=ep)
+            return cls(dp_replicate=data, tp=tp, sp=sp, cp=cp, ep=ep, pp=pp)
+        return cls(dp_shard=data, sharding=SHARDING_OF_STAGE[zero_stage], tp=tp, sp=sp, cp=cp, ep=ep, pp=pp)
 
     @property
     def world_size(self) -> int:
@@ -155,7 +162,12 @@ class ParallelDims(BaseModel):
         """The device mesh, outermost axis first, as validate builds it: torchtitan's order
         ``[pp, dp_replicate, dp_shard, cp, tp]`` (tp innermost: its ranks are neighbours, inside a
         node), ``(dp, cp, tp)`` under context parallelism; expert parallelism splits the
-        data-parallel ranks into ``(dp_mod_ep, ep)`` (torchtitan's sparse mesh, etp = tp)."""
+        data-parallel ranks into ``(dp_mod_ep, ep)`` (torchtitan's sparse mesh, etp = tp); a
+        pipeline's stages outermost."""
+        inner = self._inner_mesh()
+        return ((MeshAxis.PP, self.pp), *inner) if self.pp > 1 else inner
+
+    def _inner_mesh(self) -> tuple[tuple[MeshAxis, int], ...]:
         if self.cp > 1:
             return ((MeshAxis.DP, self.data_parallel), (MeshAxis.CP, self.cp), (MeshAxis.TP, self.tp))
         if self.ep > 1:
@@ -217,4 +229,6 @@ def layout_label(dims: ParallelDims) -> str:
         parts.append(f"TP {dims.tp}" + (" + SP" if dims.sp else ""))
     if dims.ep > 1:
         parts.append(f"EP {dims.ep}")
+    if dims.pp > 1:
+        parts.append(f"PP {dims.pp}")
     return ", ".join(parts) or "one GPU"

@@ -18,7 +18,7 @@ listed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -45,8 +45,13 @@ class Schedule:
 
     def ignoring_sync(self) -> Schedule:
         """The same step for a walk whose allocations do not depend on which backward syncs
-        (DDP's resident buckets): the last micro-batch of ``sync_last`` is the middle ones' twin."""
-        return accumulation(self.n_micro_batches) if self.sync_last else self
+        (DDP's resident buckets): the last micro-batch of ``sync_last`` accumulation is the middle
+        ones' twin; another order (a pipeline's) keeps its events, every one syncing."""
+        if not self.sync_last:
+            return self
+        if self == accumulation(self.n_micro_batches, sync_last=True):
+            return accumulation(self.n_micro_batches)
+        return Schedule(events=tuple(replace(e, sync=True) for e in self.events), n_micro_batches=self.n_micro_batches)
 
     def count(self, phase: Phase) -> int:
         """How many events of ``phase`` the full step has."""

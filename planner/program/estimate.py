@@ -20,6 +20,7 @@ from planner.cache import IdentityCache
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.graph.description import ModelDesc
 from planner.graph.layer_graph import LayerGraph, build_graph
+from planner.graph.stages import StageSpan
 from planner.memory.step import Category, Phase, StaticMemory, checkpoint_units, recomputed_ops, static_memory
 from planner.model.config import AttentionImpl, ModelConfig, TrainConfig
 from planner.parallel.context import local_seq_len, shard_context_parallel
@@ -32,8 +33,18 @@ from planner.plan.knobs import Knobs
 from planner.plan.layouts import check_layout
 from planner.plan.optimizer import optimizer_spec
 from planner.plan.parallel_dims import Group
+from planner.plan.pipeline_plan import check_modelled
+from planner.plan.schedule import Schedule
 from planner.precision import PrecisionSpec, precision_spec
-from planner.program.step_program import RankProgram, StepProgram
+from planner.program.pipeline_program import (
+    StageEstimate,
+    pipelined_time,
+    stage_estimates,
+    stage_graphs,
+    stage_schedule,
+    with_receive_buffers,
+)
+from planner.program.step_program import RankProgram, StepProgram, device_bytes
 from planner.timing.op_times import (
     OpGroup,
     OpRoofline,
@@ -82,6 +93,8 @@ class Estimate(BaseModel):
     op_groups: tuple[OpGroup, ...]  # the per-op roofline summed over blocks, slowest first
     limiting_bound: Bound
     ops: tuple[OpRoofline, ...] = Field(default=(), exclude=True, repr=False)  # every op, per micro-batch
+    # pipeline parallelism: every stage's blocks, memory and time (``memory`` is the busiest's)
+    stages: tuple[StageEstimate, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -108,6 +121,8 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
     if knobs.checkpoint_blocks and not all(modelled_with_context_parallelism(p, knobs.parallel.cp) for p in policies):
         raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
     check_layout(model, training.seq_len, knobs.parallel)
+    if knobs.parallel.pp > 1:
+        check_modelled(knobs.pp_schedule, knobs.parallel.pp, knobs.grad_accum_steps, model.n_layers, knobs.pp_layers)
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
     if outside:
         raise ConfigError(
@@ -174,20 +189,32 @@ def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfil
 
 def step_program(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> StepProgram:
     """The step program of ``knobs`` (checked): every rank's graph, static memory and engine,
-    schedule, collectives and op times, and the plan's checkpoint units."""
+    schedule, collectives and op times, and the plan's checkpoint units; under pipeline
+    parallelism one rank program per stage (``planner.program.pipeline_program``)."""
     spec = check_knobs(model, training, hw, knobs)
     graph = rank_graph(model, training, knobs, spec, hw)
+    units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
+                             knobs.checkpoint_policy, knobs.save_list, knobs.policy_overrides)
+    dims = knobs.parallel
+    if dims.pp == 1:
+        return StepProgram(ranks=(_rank_program(graph, knobs.schedule, training, hw, knobs, dims.world_size),),
+                           units=units, hw=hw)
+    ranks = tuple(with_receive_buffers(_rank_program(g, stage_schedule(knobs, r), training, hw, knobs,
+                                                     dims.world_size // dims.pp, span), knobs, hw)
+                  for r, (span, g) in enumerate(stage_graphs(graph, knobs)))
+    return StepProgram(ranks=ranks, units=units, hw=hw)
+
+
+def _rank_program(graph: LayerGraph, schedule: Schedule, training: TrainConfig, hw: HardwareProfile, knobs: Knobs,
+                  ranks: int, stage: StageSpan | None = None) -> RankProgram:
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
-    rank = RankProgram(
-        graph=graph, static=static_for(graph, hw, training, knobs), schedule=knobs.schedule,
+    return RankProgram(
+        graph=graph, static=static_for(graph, hw, training, knobs), schedule=schedule,
         collectives=strategy_for(knobs.parallel).collectives(graph, hw, knobs),
         times=times_of(graph, hw),
         optimizer_s=optimizer_time_s(graph, opt, hw, optimizer_shard_fraction(graph, knobs, hw),
                                      precision_spec(knobs.precision).param_dtype),
-        ranks=knobs.parallel.world_size)
-    units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
-                             knobs.checkpoint_policy, knobs.save_list, knobs.policy_overrides)
-    return StepProgram(ranks=(rank,), units=units, hw=hw)
+        ranks=ranks, stage=stage)
 
 
 def layout_for(graph: LayerGraph, knobs: Knobs, hw: HardwareProfile) -> FsdpLayout:
@@ -247,12 +274,10 @@ def step_time_s(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
     """``estimate(...).step_time_s`` without the memory walk: the ops checkpointing runs again
     follow from the placement alone (``recomputed_ops``), and time needs nothing else of the walk."""
     program = step_program(model, training, hw, knobs)
+    if knobs.parallel.pp > 1:
+        return pipelined_time(program, knobs, tuple(recomputed_ops(r.graph, program.units)
+                                                    for r in program.ranks)).step_time_s
     return program.time(recomputed_ops(program.busiest.graph, program.units)).step_time_s
-
-
-def device_bytes(peak_allocated_bytes: int, hw: HardwareProfile) -> int:
-    """What the device needs for a peak: fragmentation allowance and runtime reserve added."""
-    return int(peak_allocated_bytes * hw.fragmentation_factor) + hw.runtime_reserve_bytes
 
 
 def estimate(
@@ -265,14 +290,17 @@ def estimate(
     """Everything about one configuration: its memory timeline, FLOPs and roofline step time
     (``hw`` is the device and its node: ``HardwareProfile.gpus_per_node``)."""
     program = step_program(model, training, hw, knobs)
-    rank = program.busiest
+    walks = tuple(program.walk(rank=r) for r in program.ranks)
+    busiest = max(range(len(walks)), key=lambda i: walks[i].peak.bytes)  # ties: the first stage
+    rank, timeline = program.ranks[busiest], walks[busiest]
     graph, static = rank.graph, rank.static
     spec = graph.precision
-    timeline = program.walk()
-    time = program.time(timeline.recomputed_ops)
+    recomputed = tuple(w.recomputed_ops for w in walks)
+    pipelined = knobs.parallel.pp > 1
+    time = pipelined_time(program, knobs, recomputed) if pipelined else program.time(timeline.recomputed_ops)
     ops = op_rooflines(graph, hw)
     model_flops = program.model_flops_per_step()
-    hardware_flops = program.hardware_flops_per_step({0: timeline.recompute_flops})
+    hardware_flops = program.hardware_flops_per_step({i: w.recompute_flops for i, w in enumerate(walks)})
     peak_flops = hw.peak_flops_per_s[spec.matmul_precision] * program.world_size
     cap = hbm_cap_bytes if hbm_cap_bytes is not None else hw.hbm_bytes
     peak = timeline.peak.bytes
@@ -308,4 +336,5 @@ def estimate(
         ops=ops,
         op_groups=_GROUPS.get((graph, hw), (knobs.grad_accum_steps,), lambda: group_ops(ops, knobs.grad_accum_steps)),
         limiting_bound=Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY,
+        stages=stage_estimates(program, knobs, walks, recomputed) if pipelined else (),
     )

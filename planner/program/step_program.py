@@ -7,9 +7,9 @@ step time (``time``: the rank's timeline, ``planner.timing.step_time``) and the 
 the same program with other checkpoint placements. Each ``RankProgram`` is one kind of rank:
 its graph (its share of the model: the tensor-, context- and expert-parallel shard of its
 stage(s)), its static memory and engine, its schedule, its collectives and how many ranks run
-it. Until pipeline stages exist every rank runs the same program, so there is one, run by every
-GPU; FLOPs are counted per rank kind, times the ranks that run it, so a stage's logits and loss
-are counted only where they run.
+it. Without pipeline parallelism every rank runs the same program, so there is one, run by every
+GPU; with it, one per stage (``planner.program.pipeline_program``). FLOPs are counted per rank
+kind, times the ranks that run it, so a stage's logits and loss are counted only where they run.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from hardware.profile import HardwareProfile
 from planner.graph.layer_graph import LayerGraph
+from planner.graph.stages import StageSpan
 from planner.memory.engine import StaticMemory
 from planner.memory.step import simulate_step
 from planner.memory.types import Phase, Timeline
@@ -38,6 +39,7 @@ class RankProgram:
     times: OpTimes  # its ops' times for one micro-batch
     optimizer_s: tuple[float, float]  # its optimizer step (estimate, lower bound)
     ranks: int  # ranks that run this program
+    stage: StageSpan | None = None  # the pipeline stage it runs (None: the whole model)
 
     def model_flops_per_micro_batch(self) -> float:
         """FLOPs of one micro-batch on this rank (FlopCounterMode's convention, no recompute); an
@@ -118,3 +120,8 @@ def placed(compute: TimeBreakdown, rank: RankProgram, hw: HardwareProfile) -> Ti
     step_s = timeline.step_time_s
     return compute.model_copy(update={"communication_s": step_s - compute.step_time_s, "step_time_s": step_s,
                                       "timeline": timeline})
+
+
+def device_bytes(peak_allocated_bytes: int, hw: HardwareProfile) -> int:
+    """What the device needs for a peak: fragmentation allowance and runtime reserve added."""
+    return int(peak_allocated_bytes * hw.fragmentation_factor) + hw.runtime_reserve_bytes

@@ -117,6 +117,7 @@ class TimeBreakdown(BaseModel):
     tensor_parallel_s: float = 0.0  # tensor parallelism's collectives, on the critical path (inside forward/backward)
     context_parallel_s: float = 0.0  # what the ring attention's collectives add beyond the blocks they overlap
     expert_parallel_s: float = 0.0  # expert parallelism's all-to-alls, on the critical path
+    pipeline_bubble_s: float = 0.0  # pipeline parallelism: the busiest rank's idle in the span (bubble, sends)
     step_time_s: float
     lower_bound_s: float
     timeline: RankTimeline | None = Field(default=None, exclude=True, repr=False)  # tasks, streams, critical path

@@ -42,9 +42,9 @@ def test_ranks_per_node_follow_the_mesh_as_the_closed_form_did(gpus: int) -> Non
         assert dict(dims.mesh).get(MeshAxis.TP, 1) == dims.tp and dims.world_size == gpus
         for group, per_node in itertools.product(Group, (1, 2, 4, 8)):
             inner = {Group.TP: 1, Group.CP: dims.tp, Group.DP: dims.tp * dims.cp, Group.FSDP: dims.tp,
-                     Group.EP: dims.tp * dims.cp}[group]
+                     Group.EP: dims.tp * dims.cp, Group.PP: dims.world_size // dims.pp}[group]
             size = {Group.TP: dims.tp, Group.CP: dims.cp, Group.DP: dims.data_parallel, Group.FSDP: dims.fsdp_ranks,
-                    Group.EP: dims.ep}[group]
+                    Group.EP: dims.ep, Group.PP: dims.pp}[group]
             assert dims.ranks_per_node(group, per_node) == max(1, min(size, per_node // inner))
 
 
@@ -81,9 +81,9 @@ def test_a_fixed_request_is_its_layout_or_one_line_naming_the_flags() -> None:
     assert request.fixed and request.ep == 1
     check_fixed_request(LLAMA, TRAINING, request, 8)
     assert fixed_layout(request) == ParallelDims.data_parallel_of(8, 3, tp=2, sp=True)
-    with pytest.raises(ConfigError, match="--tp x --cp: 4 x 4 must divide the 8 GPUs"):
+    with pytest.raises(ConfigError, match="--tp x --cp x --pp: 4 x 4 x 1 must divide the 8 GPUs"):
         check_fixed_request(LLAMA, TRAINING, request.model_copy(update={"tp": 4, "cp": 4}), 8)
-    with pytest.raises(ConfigError, match="--zero-stage / --tp / --cp / --ep: parallel.ep"):
+    with pytest.raises(ConfigError, match="--zero-stage / --tp / --cp / --ep / --pp: parallel.ep"):
         fixed_layout(LayoutRequest(gpus=8, zero_stage=0, tp=1, cp=1, ep=2))
 
 

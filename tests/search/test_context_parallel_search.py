@@ -98,7 +98,7 @@ def test_the_advice_names_a_context_parallel_layout() -> None:
 
 def test_api_refuses_a_degree_that_does_not_divide() -> None:
     training = TrainConfig(seq_len=16384, global_batch_size=8)
-    with pytest.raises(ConfigError, match="--tp x --cp: 4 x 4 must divide the 8 GPUs"):
+    with pytest.raises(ConfigError, match="--tp x --cp x --pp: 4 x 4 x 1 must divide the 8 GPUs"):
         api.plan(LONG, training, HW, gpus=8, tp=4, cp=4, zero_stage=3, micro_batch_size=1, precisions=["bf16-mixed"],
                  checkpoint="none")
 

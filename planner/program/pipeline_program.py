@@ -1,0 +1,137 @@
+"""The step program of a pipeline-parallel plan: one ``RankProgram`` per stage, and the step's time
+as the pipeline's timeline.
+
+Each pipeline rank runs its stage's graph (``planner.graph.stages``: cut from the rank's tensor-,
+context- and expert-parallel graph), holds its stage's parameters and their data-parallel state,
+and walks its schedule's events in torch's order (``planner.plan.pipeline_plan.rank_schedule``):
+micro-batches in flight at once, each held until its backward. The ``world_size / pp`` ranks of
+one stage (its data- and tensor-parallel group) run the same program.
+
+Time: the stages' forward and backward per micro-batch (their op times, recompute included) run
+in the schedule's order with the pipeline's waits (``planner.timing.pipeline_time``), activations
+and gradients sent between stages over NVLink inside a node or the NICs across nodes
+(``hardware.collectives.ring_time_s`` of a two-rank permute: NCCL's send/recv). After the span, the slowest rank's optimizer step and the
+most any rank's data-parallel collectives add beyond its last backward (each placed on that
+rank's own timeline, ``planner.program.step_program.placed``): a stage's gradient sync runs after
+its last backward, which the first stage finishes last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pydantic import BaseModel, ConfigDict
+
+from hardware.collectives import Collective, ring_time_s
+from hardware.profile import HardwareProfile
+from planner.graph.layer_graph import LayerGraph
+from planner.graph.stages import STAGE_INPUT, StageSpan, stage_graph
+from planner.memory.types import Phase, Timeline
+from planner.plan.knobs import Knobs
+from planner.plan.pipeline_plan import rank_schedule, stage_spans
+from planner.program.step_program import RankProgram, StepProgram, device_bytes, placed
+from planner.timing.op_times import TimeBreakdown
+from planner.timing.pipeline_time import PipelineTime, StageTime, pipeline_time
+
+
+def stage_graphs(whole: LayerGraph, knobs: Knobs) -> tuple[tuple[StageSpan, LayerGraph], ...]:
+    """Each pipeline stage's blocks and graph, first stage first."""
+    spans = stage_spans(knobs.parallel.pp, whole.model.n_layers, knobs.pp_layers)
+    return tuple((span, stage_graph(whole, span)) for span in spans)
+
+
+def stage_schedule(knobs: Knobs, rank: int):  # noqa: ANN201 (planner.plan.schedule.Schedule)
+    """Pipeline rank ``rank``'s events: DDP and ZeRO-1 reduce gradients on the last backward only."""
+    dims = knobs.parallel
+    sync_last = dims.data_parallel > 1 and not dims.shards_parameters
+    return rank_schedule(knobs.pp_schedule, dims.pp, knobs.grad_accum_steps, rank, sync_last)
+
+
+def with_receive_buffers(rank: RankProgram, knobs: Knobs, hw: HardwareProfile) -> RankProgram:
+    """``rank`` with its stage's receive buffers in its static memory: one activation per
+    micro-batch on a stage after the first, one gradient of its output per micro-batch on a stage
+    before the last, allocated at the first step and kept (``docs/pipeline_memory.md`` section 2:
+    ``stage.py`` ``_setup_forward_recv_info`` / ``_create_grad_recv_info``)."""
+    graph, m = rank.graph, knobs.grad_accum_steps
+    received = 0
+    if STAGE_INPUT in graph.ops:
+        received += m * hw.round_alloc(graph.node(STAGE_INPUT).cost.output.n_bytes)
+    if graph.output_grad_received:
+        received += m * hw.round_alloc(graph.node(graph.order[-1]).cost.output.n_bytes)
+    return replace(rank, static=replace(rank.static, received_bytes=received))
+
+
+def p2p_seconds(program: StepProgram, knobs: Knobs, hw: HardwareProfile) -> float:
+    """One activation (or gradient) send between adjacent stages: the boundary tensor of the
+    second stage, over NVLink when every stage of a pipeline group sits in one node, else the
+    NICs (mesh ``[pp, ...]``: a pipeline group's ranks are ``world_size / pp`` apart)."""
+    dims = knobs.parallel
+    if dims.pp < 2:
+        return 0.0
+    n_bytes = program.ranks[1].graph.node(STAGE_INPUT).cost.output.n_bytes
+    stride = dims.world_size // dims.pp
+    same_node = stride * dims.pp <= hw.gpus_per_node
+    # NCCL send/recv between two ranks: one step of a two-rank ring (a permute of both buffers)
+    return ring_time_s(2 * n_bytes, Collective.PERMUTE, hw, 2, 2 if same_node else 1)
+
+
+def pipelined_time(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...]) -> TimeBreakdown:
+    """The busiest rank's step on the pipeline's timeline (see the module docstring): its compute,
+    what its collectives add, and the rest of the span as the pipeline's bubble and waits."""
+    computes = [program.compute_time(ops, rank) for ops, rank in zip(recomputed, program.ranks, strict=True)]
+    line = _line(program, knobs, computes)
+    exposed = max(placed(c, rank, program.hw).communication_s for c, rank in zip(computes, program.ranks, strict=True))
+    own = computes[max(range(len(computes)), key=lambda r: line.busy_s[r])]
+    step_s = line.step_time_s + max(c.optimizer_s for c in computes) + exposed
+    compute_s = own.forward_s + own.backward_s + own.recompute_s + own.optimizer_s
+    return own.model_copy(update={
+        "communication_s": exposed, "step_time_s": step_s, "pipeline_bubble_s": step_s - compute_s - exposed,
+        "lower_bound_s": max(c.lower_bound_s for c in computes), "timeline": line.timeline})
+
+
+def pipeline_line(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...]) -> PipelineTime:
+    """The pipeline's timeline alone (compute and sends): the bubble of each rank, for the report."""
+    return _line(program, knobs, [program.compute_time(ops, rank)
+                                  for ops, rank in zip(recomputed, program.ranks, strict=True)])
+
+
+def _line(program: StepProgram, knobs: Knobs, computes: list[TimeBreakdown]) -> PipelineTime:
+    m = knobs.grad_accum_steps
+    times = tuple(StageTime(forward_s=c.forward_s / m, backward_input_s=(c.backward_s + c.recompute_s) / m,
+                            backward_weight_s=0.0) for c in computes)
+    return pipeline_time(knobs.pp_schedule, knobs.parallel.pp, m, times, p2p_seconds(program, knobs, program.hw),
+                         slowdown=program.hw.overlap_compute_slowdown)
+
+
+class StageEstimate(BaseModel):
+    """One pipeline stage, as its ranks run it: its blocks, its peak, its share of the step."""
+
+    model_config = ConfigDict(frozen=True)
+    stage: int
+    first_block: int
+    last_block: int
+    n_params: int  # its parameters (a tied embedding counted on both ends)
+    params_bytes: int  # its parameters (and buffers) on one rank
+    peak_allocated_bytes: int
+    device_bytes: int
+    peak_phase: Phase
+    peak_op: str
+    peak_micro_batch: int
+    busy_s: float  # its forward and backward compute in the pipeline's span
+    idle_s: float  # the span's rest: the bubble and waits for sends
+
+
+def stage_estimates(program: StepProgram, knobs: Knobs, walks: tuple[Timeline, ...],
+                    recomputed: tuple[frozenset[str], ...]) -> tuple[StageEstimate, ...]:
+    """Every stage's figures, first stage first (``walks``: each rank's memory walk)."""
+    line = pipeline_line(program, knobs, recomputed)
+    out = []
+    for i, (rank, walk) in enumerate(zip(program.ranks, walks, strict=True)):
+        assert rank.stage is not None
+        out.append(StageEstimate(
+            stage=i, first_block=rank.stage.first_block, last_block=rank.stage.last_block,
+            n_params=rank.graph.n_params, params_bytes=rank.static.params_bytes, peak_allocated_bytes=walk.peak.bytes,
+            device_bytes=device_bytes(walk.peak.bytes, program.hw), peak_phase=walk.peak.phase,
+            peak_op=walk.peak.op, peak_micro_batch=walk.peak.micro_batch,
+            busy_s=line.busy_s[i], idle_s=line.idle_s[i]))
+    return tuple(out)

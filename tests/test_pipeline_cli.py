@@ -1,0 +1,81 @@
+"""``plan --pp``: a pipeline-parallel plan priced per stage (GPipe and 1F1B), the report's stage
+table and ``--json``'s per-stage list, and the requests refused in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from roofplan import api
+from roofplan.cli import main as plan_main
+
+FIXED = ("--model", "tiny-llama", "--micro-batch", "1", "--precision", "fp32", "--checkpoint", "none")
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = plan_main(list(argv))
+        except SystemExit as exit_:
+            code = exit_.code
+    return int(code or 0), out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_json_lists_every_stage_and_the_memory_is_the_busiest(schedule: str) -> None:
+    code, out, _ = run(*FIXED, "--gpus", "4", "--pp", "2", "--pp-schedule", schedule, "--json")
+    assert code == 0
+    best = json.loads(out)["best"]
+    stages = best["estimate"]["stages"]
+    assert [(s["first_block"], s["last_block"]) for s in stages] == [(0, 0), (1, 1)]
+    assert best["estimate"]["memory"]["peak_allocated_bytes"] == max(s["peak_allocated_bytes"] for s in stages)
+    assert best["knobs"]["parallel"]["pp"] == 2 and best["knobs"]["pp_schedule"] == schedule
+    assert best["estimate"]["time"]["pipeline_bubble_s"] > 0
+
+
+def test_the_report_shows_the_stages() -> None:
+    code, out, _ = run(*FIXED, "--gpus", "4", "--pp", "2", "--json")
+    assert code == 0
+    from rich.console import Console
+
+    from planner.program.results import PlanResult
+    from roofplan.render import report
+
+    console = Console(width=200, record=True)
+    console.print(report(PlanResult.model_validate_json(out)))
+    text = console.export_text()
+    assert "Pipeline (2 stages, 1f1b" in text and "(busiest)" in text and "PP 2" in text
+
+
+def test_gpipe_holds_more_than_1f1b_on_the_first_stage() -> None:
+    """GPipe keeps every micro-batch's activations until its backward, 1F1B at most pp of them."""
+    model, training = api.load_model("tiny-llama", global_batch_size=16)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        result = api.plan(model, training, None, gpus=2, pp=2, pp_schedule=schedule, micro_batch_size=1,
+                          precisions=["fp32"], checkpoint="none")
+        peaks[schedule] = result.best.estimate.stages[0].peak_allocated_bytes
+    assert peaks["gpipe"] > peaks["1f1b"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (("--gpus", "4", "--pp", "3"), "--pp: 3 must be a positive divisor"),
+    (("--gpus", "4", "--pp", "2", "--pp-schedule", "dualpipev"), "not modelled yet"),
+    (("--gpus", "4", "--pp", "2", "--pp-schedule", "zigzag"), "--pp-schedule: 'zigzag' is not a schedule"),
+    (("--gpus", "4", "--pp", "2", "--pp-layers", "1,2"), "pp_layers: 1,2 must give 2 stages"),
+    (("--gpus", "4", "--pp", "2", "--pp-layers", "a,b"), "--pp-layers: 'a,b' must be block counts"),
+    (("--gpus", "4", "--pp", "2", "--zero-stage", "3"), "pipeline parallelism with FSDP2"),
+    (("--gpus", "4", "--pp-layers", "1,1"), "--pp-layers: splits the blocks over pipeline stages"),
+])
+def test_impossible_pipelines_are_one_line(extra: tuple[str, ...], message: str) -> None:
+    code, out, err = run(*FIXED, *extra)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_pipeline_needs_the_other_knobs_fixed() -> None:
+    code, _, err = run("--model", "tiny-llama", "--gpus", "4", "--pp", "2")
+    assert code == 2 and "--pp: a pipeline-parallel plan is priced with every other knob given" in err
