@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from hardware.profile import HardwareProfile
 from hardware.registry import bundled_names, load_hardware
 from hardware.units import format_bytes
 from planner.memory.step import Category
 from planner.memory.types import Phase
+from planner.plan.knobs import Knobs
 from planner.plan.layouts import MOST_SHARDING, NOT_MODELLED_NOTE
 from planner.plan.parallel_dims import layout_label
 from planner.program.results import PlanEntry
+
+
+@dataclass(frozen=True)
+class FusedFit:
+    """A plan priced with ``--optimizer-impl fused``: one that fits (``fits``), or the smallest
+    plan priced with it when no plan fits with it either."""
+
+    knobs: Knobs
+    device_bytes: int
+    fits: bool
 
 
 def reserve_exceeds_cap(hw: HardwareProfile, cap_bytes: int) -> str | None:
@@ -25,9 +37,10 @@ def reserve_exceeds_cap(hw: HardwareProfile, cap_bytes: int) -> str | None:
 
 
 def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, scale_out: str | None = None,
-                       headroom_bytes: int = 0) -> str:
+                       headroom_bytes: int = 0, fused: FusedFit | None = None) -> str:
     """Several lines: the smallest device footprint found, its breakdown, and what would fit it
-    (``cap_bytes`` is what plans must fit in: the cap less ``headroom_bytes``)."""
+    (``cap_bytes`` is what plans must fit in: the cap less ``headroom_bytes``; ``fused``: the
+    request priced with the fused optimizer, when it was)."""
     est, knobs = closest.estimate, closest.knobs
     mem = est.memory
     hw = load_hardware(hardware_name)
@@ -55,7 +68,9 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
         lines.append(f"  to fit: a cap of at least {format_bytes(mem.device_bytes)} "
                      f"(--hbm {math.ceil(mem.device_bytes / 1e9)}GB; the {hardware_name} has {format_bytes(hw.hbm_bytes)})")
     temporaries = mem.at_peak.get(Category.TEMPORARIES, 0)
-    if mem.peak_phase is Phase.OPTIMIZER and temporaries > 0:
+    if fused is not None:
+        lines.append(_fused_line(fused))
+    elif mem.peak_phase is Phase.OPTIMIZER and temporaries > 0:
         without = int((mem.peak_allocated_bytes - temporaries) * hw.fragmentation_factor) + hw.runtime_reserve_bytes
         lines.append(
             f"  the peak is the foreach optimizer's parameter-sized temporaries: with --optimizer-impl fused the "
@@ -73,10 +88,25 @@ def infeasible_message(hardware_name: str, cap_bytes: int, closest: PlanEntry, s
     state = format_bytes(mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes)
     if scale_out:
         lines.append(f"  or more GPUs: {scale_out}")
-    else:
+    elif fused is None or not fused.fits:  # the fused optimizer fits it: more GPUs were not needed
         lines.append(
             f"  more GPUs do not help: even {MOST_SHARDING}, leaves activations, logits and a gathered block per GPU "
             f"above the cap (model state on one GPU here {state}); shorten the sequence, or fix a larger --cp "
             f"{NOT_MODELLED_NOTE}".rstrip()
         )
     return "\n".join(lines)
+
+
+def _fused_line(fused: FusedFit) -> str:
+    """What ``--optimizer-impl fused`` does to the request, measured."""
+    what = ("fused=True: the same update in one kernel, without the parameter-sized temporaries of foreach, which "
+            "torch runs unless asked")
+    if not fused.fits:
+        return (f"  with --optimizer-impl fused ({what}) this plan would still need {format_bytes(fused.device_bytes)}, "
+                f"and no plan of the request fits with it")
+    k = fused.knobs
+    dims = k.parallel
+    layout = f", {dims.world_size} GPUs as {layout_label(dims)}" if dims.world_size > 1 else ""
+    return (f"  to fit: --optimizer-impl fused ({what}): a plan then needs {format_bytes(fused.device_bytes)} "
+            f"(micro-batch {k.micro_batch_size} x {k.grad_accum_steps}, {k.precision.value}, "
+            f"{len(k.checkpointed)} blocks checkpointed{layout}); run it again with that flag")

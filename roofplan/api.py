@@ -21,20 +21,19 @@ from pydantic import ValidationError
 from hardware.profile import HardwareProfile
 from hardware.registry import load_hardware
 from hardware.validation import describe_validation_error
-from planner.errors import ConfigError, InfeasibleError
+from planner.errors import ConfigError, ConfigWarning, InfeasibleError
 from planner.graph.params import count_params
 from planner.model.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.model.sources import Workload, resolve
 from planner.parallel.collectives import ParallelConfig
-from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList, parse_save_list
+from planner.plan.checkpointing import CheckpointPolicy, SaveList, parse_save_list
 from planner.plan.knobs import GradSync, Knobs, parse_checkpoint_spec
-from planner.plan.layouts import LayoutRequest, as_flags, check_fixed_request, checked_request, fixed_layout
-from planner.plan.parallel_dims import layout_label
+from planner.plan.layouts import LayoutRequest, check_fixed_request, checked_request, fixed_layout
 from planner.plan.pipeline_schedules import PipelineSchedule
 from planner.precision import PrecisionPolicy
 from planner.program.estimate import estimate
 from planner.program.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
-from roofplan.advice import infeasible_message, reserve_exceeds_cap
+from roofplan.infeasible import infeasible_error
 from roofplan.memory_cap import hbm_cap, headroom_bytes
 from roofplan.pipeline_flags import PIPELINE_NEEDS_FIXED, pipeline_layers, pipeline_schedule
 from roofplan.results import Plan
@@ -151,6 +150,8 @@ def plan(
     pp: int = 1,
     pp_schedule: str | PipelineSchedule | None = None,
     pp_layers: str | Sequence[int] | None = None,
+    pp_virtual: int = 1,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
@@ -169,8 +170,9 @@ def plan(
     ``InfeasibleError`` (exit code 1 on the command line) when nothing fits, with the smallest
     plan found and what would make it fit. ``on_trial(done, planned)`` follows the search's
     trials, ``on_stage(text)`` names each longer step without trials (the smallest plan and the
-    fewest GPUs, when nothing fits). ``pp`` > 1 splits the blocks into that many pipeline stages
-    (``pp_layers`` blocks each, else evenly) run by ``pp_schedule`` (``roofplan.pipeline_flags``).
+    fewest GPUs, when nothing fits), ``on_progress(done, total)`` counts that step's work. ``pp`` > 1
+    splits the blocks into that many pipeline stages (``pp_layers`` blocks each, else evenly) run by
+    ``pp_schedule`` (``roofplan.pipeline_flags``).
     """
     hw = system(hardware, gpus_per_node)
     ckpt_policy = _checkpoint_policy(checkpoint_policy)
@@ -184,7 +186,7 @@ def plan(
         grad_sync=_grad_sync(fsdp_grad_sync, gpus, zero_stage), allow_segments=allow_segments,
         layout=checked_request(model, LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tp, cp=cp, ep=ep,
                                                     sp=sequence_parallel, pp=pp)),
-        pipeline=(pipeline_schedule(pp_schedule), pipeline_layers(pp_layers, pp)))
+        pipeline=(pipeline_schedule(pp_schedule), pipeline_layers(pp_layers, pp, pp_virtual), pp_virtual))
     if pp > 1 and not asked.fixed:
         raise ConfigError(PIPELINE_NEEDS_FIXED)
     if asked.fixed:
@@ -198,7 +200,7 @@ def plan(
                                 study_name=study_name)
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error, "search options")) from None
-    return _searched_plan(model, training, asked, options, on_trial, on_stage)
+    return _searched_plan(model, training, asked, options, on_trial, on_stage, on_progress)
 
 
 def _caps(hw: HardwareProfile, hbm: str | int | None, headroom: str | int | float | None) -> dict[str, int]:
@@ -223,7 +225,7 @@ class _Asked:
     grad_sync: GradSync
     allow_segments: bool
     layout: LayoutRequest
-    pipeline: tuple[PipelineSchedule, tuple[int, ...]]  # schedule, blocks per stage
+    pipeline: tuple[PipelineSchedule, tuple[int, ...], int]  # schedule, blocks per stage, stages per rank
 
     @property
     def fixed(self) -> bool:
@@ -261,12 +263,14 @@ def _fixed_plan(model: ModelConfig, training: TrainConfig, asked: _Asked) -> Pla
         fsdp_grad_sync=asked.grad_sync,
         pp_schedule=asked.pipeline[0],
         pp_layers=asked.pipeline[1],
+        pp_virtual=asked.pipeline[2],
     )
     return estimate_plan(model, training, asked.hw, knobs, hbm=asked.cap, headroom=asked.headroom)
 
 
 def _searched_plan(model: ModelConfig, training: TrainConfig, asked: _Asked, options: SearchOptions,
-                   on_trial: Callable[[int, int], None] | None, on_stage: Callable[[str], None] | None) -> PlanResult:
+                   on_trial: Callable[[int, int], None] | None, on_stage: Callable[[str], None] | None,
+                   on_progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """The fastest plan of the space the flags leave open, or ``InfeasibleError`` with the
     smallest plan and the fewest GPUs that would hold one."""
     from search.space import build_space
@@ -278,44 +282,20 @@ def _searched_plan(model: ModelConfig, training: TrainConfig, asked: _Asked, opt
                         asked.allow_segments, asked.gpus, request.zero_stage, asked.grad_sync,
                         tensor_parallel=request.tp, sequence_parallel=request.sp, context_parallel=request.cp,
                         checkpoint_policy=asked.checkpoint_policy, save_list=asked.save_list,
-                        expert_parallel=request.ep)
-    outcome = run_search(model, training, hw, cap, space, options, on_trial, on_stage)
+                        expert_parallel=request.ep, on_left_out=_warn)
+    outcome = run_search(model, training, hw, cap, space, options, on_trial, on_stage, on_progress)
     summary = summarize_model(model)
     if outcome.best is None:
         if outcome.closest is None:
             raise InfeasibleError(f"nothing fits in {cap} bytes on {hw.name}, and no plan could be priced")
         closest = Plan(model=summary, training=training, hardware=hw, **plan_cap, parallel=asked.parallel,
                        best=outcome.closest, search=outcome.stats)
-        advice = None
-        if reserve_exceeds_cap(hw, cap) is None:  # else no number of GPUs can help
-            if on_stage is not None:
-                on_stage("nothing fits: finding the fewest GPUs that would hold it")
-            advice = _scale_out(model, training, hw, cap, space.precisions, asked.gpus, asked.grad_sync,
-                                asked.allow_segments, asked.checkpoint_policy, asked.save_list)
-        raise InfeasibleError(infeasible_message(hw.name, cap, outcome.closest, advice, asked.headroom),
-                              closest=closest)
+        scale = {"precisions": space.precisions, "gpus": asked.gpus, "grad_sync": asked.grad_sync,
+                 "allow_segments": asked.allow_segments, "checkpoint_policy": asked.checkpoint_policy,
+                 "save": asked.save_list}
+        raise infeasible_error(model, training, hw, cap, space, closest, asked.headroom, scale, on_stage, on_progress)
     return Plan(model=summary, training=training, hardware=hw, **plan_cap, parallel=asked.parallel,
                 best=outcome.best, alternatives=outcome.alternatives, pareto=outcome.pareto, search=outcome.stats)
-
-
-def _scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap: int,
-               precisions: tuple[PrecisionPolicy, ...], gpus: int,
-               grad_sync: GradSync = GradSync.EVERY, allow_segments: bool = True,
-               checkpoint_policy: CheckpointPolicy | None = None,
-               save: SaveList = TORCHTITAN_SAVE_LIST) -> str | None:
-    """"N GPUs with ZeRO-s would hold it" for the fewest N above ``gpus``, or None (the user's
-    checkpoint policy kept, and named in the command)."""
-    from search.scaling import fewest_gpus
-
-    found = fewest_gpus(model, training, hw, cap, precisions, start=gpus, fsdp_grad_sync=grad_sync,
-                        allow_segments=allow_segments, checkpoint_policy=checkpoint_policy, save_list=save)
-    if found is None:
-        return None
-    n, knobs = found
-    flag = " --fsdp-grad-sync last" if knobs.fsdp_grad_sync is GradSync.LAST else ""
-    policy = f" --checkpoint-policy {checkpoint_policy.value}" if checkpoint_policy is not None else ""
-    return (f"it fits on {n} GPUs as {layout_label(knobs.parallel)} ({knobs.precision.value}, micro-batch "
-            f"{knobs.micro_batch_size}): {as_flags(knobs.parallel)}{policy}{flag}")
 
 
 def validate(
@@ -339,6 +319,13 @@ def validate(
 
     return shown_validation(run_validation(plan, mode=mode, device=device, steps=steps, hardware=hardware,
                                            progress=progress, implementation=implementation))
+
+
+def _warn(line: str) -> None:
+    """A note on what the request left out (``plan: warning: ...`` on the command line)."""
+    import warnings
+
+    warnings.warn(line, ConfigWarning, stacklevel=3)
 
 
 def _checkpoint_policy(value: str | CheckpointPolicy | None) -> CheckpointPolicy | None:

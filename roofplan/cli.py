@@ -14,7 +14,15 @@ from typing import Any
 
 from hardware.errors import PlannerError
 from planner.errors import InfeasibleError
-from roofplan.cli_support import OneLineParser, check_flag_sizes, check_run_flags, ends_quietly, output_console
+from roofplan.cli_support import (
+    OneLineParser,
+    SearchProgress,
+    check_flag_sizes,
+    check_run_flags,
+    ends_quietly,
+    output_console,
+)
+from roofplan.exports import check_export_paths, write_exports
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,8 +98,11 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
                         "one per rank of a pipeline; the micro-batches are the accumulation steps. Priced, not "
                         "searched: give the other knobs")
     p.add_argument("--pp-schedule", default=None, metavar="{gpipe,1f1b,...}",
-                   help="pipeline schedule: gpipe or 1f1b (default); interleaved-1f1b, looped-bfs, "
-                        "interleaved-zero-bubble, zbv-zero-bubble and dualpipev are not modelled yet")
+                   help="pipeline schedule: gpipe, 1f1b (default), interleaved-1f1b, looped-bfs, "
+                        "interleaved-zero-bubble, zbv-zero-bubble, dualpipev")
+    p.add_argument("--pp-virtual", type=int, default=1,
+                   help="pipeline stages per rank: the looped schedules' V (default 1); zbv-zero-bubble and "
+                        "dualpipev run 2")
     p.add_argument("--pp-layers", default=None, help="blocks per pipeline stage, e.g. 15,16,16,17 (default: even)")
     p.add_argument("--no-sequence-parallel", action="store_true",
                    help="tensor parallelism without sequence parallelism (norms, dropout and residuals on every "
@@ -119,6 +130,12 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
                    help="write two PNG charts into DIR: pareto.png (step time vs device memory of the plans found) "
                         "and memory.png (the memory timeline of one step, allocated and device bytes, against the "
                         "cap); when nothing fits they show the smallest plan")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write the predicted step as a Chrome/Perfetto trace (JSON): streams, ops, collectives, memory")
+    p.add_argument("--memory-snapshot", default=None, metavar="FILE",
+                   help="write the predicted memory walk as a PyTorch memory snapshot (pickle) for memory_viz")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="write a self-contained HTML report with interactive charts (needs roofplan[html])")
     p.add_argument("--validate", action="store_true", help="then run the plan in PyTorch (see `validate`)")
     p.add_argument("--validate-mode", choices=("auto", "simulate", "run"), default="auto",
                    help="with --validate: simulate (fake tensors), run, or auto (run on CUDA if present, else simulate)")
@@ -143,11 +160,12 @@ def _run(args: argparse.Namespace) -> int:
         optimizer_impl=args.optimizer_impl,
     )
     _check_outputs(args.out, args.plot)
+    check_export_paths(args)
     if args.trials <= 0:
         raise ConfigError(f"--trials: must be positive, got {args.trials}")
     if args.storage and not args.study_name:
         raise ConfigError("--study-name: required with --storage, so that workers join the same study")
-    with _progress(enabled=sys.stderr.isatty()) as progress:
+    with SearchProgress() as progress:
         result = _plan_or_closest(api, args, model, training, progress)
     if isinstance(result, InfeasibleError):  # reported once the progress bar is gone
         _report_infeasible(result, args)
@@ -158,6 +176,7 @@ def _run(args: argparse.Namespace) -> int:
         from roofplan.plots import write_plots
 
         written = write_plots(result, args.plot)
+    exported = write_exports(result, args)
     report = None
     if args.validate:
         from roofplan.cli_support import StageProgress
@@ -177,6 +196,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"plan written to {args.out} (run it: validate {args.out})")
         if args.plot:
             print(f"charts written: {', '.join(str(p) for p in written)}")
+        for line in exported:
+            print(f"written: {line}")
         if report is not None:
             from roofplan.validate_render import print_report as print_validation
 
@@ -204,6 +225,7 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             allow_segments=not args.no_segments,
             on_trial=progress.on_trial if progress else None,
             on_stage=progress.on_stage if progress else None,
+            on_progress=progress.on_progress if progress else None,
             gpus=args.gpus,
             gpus_per_node=args.gpus_per_node,
             zero_stage=args.zero_stage,
@@ -218,6 +240,7 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             pp=args.pp,
             pp_schedule=args.pp_schedule,
             pp_layers=args.pp_layers,
+            pp_virtual=args.pp_virtual,
         )
     except InfeasibleError as error:
         return error
@@ -239,6 +262,8 @@ def _report_infeasible(error: InfeasibleError, args: argparse.Namespace) -> None
 
         written = write_plots(error.closest, args.plot)  # type: ignore[arg-type]
         print(f"charts of the smallest plan written: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    for line in write_exports(error.closest, args) if error.closest is not None else ():  # type: ignore[arg-type]
+        print(f"of the smallest plan, written: {line}", file=sys.stderr)
 
 
 def _check_outputs(out: str | None, plot: str | None) -> None:
@@ -255,38 +280,6 @@ def _check_outputs(out: str | None, plot: str | None) -> None:
             raise ConfigError(f"--out: directory {target.parent} does not exist")
     if plot is not None and Path(plot).exists() and not Path(plot).is_dir():
         raise ConfigError(f"--plot: {plot} is a file; give a directory for the PNG charts")
-
-
-class _progress:
-    """A rich progress bar on stderr while the search runs (only on a terminal): the trials, then
-    each longer step without trials by name (a pulsing bar), with the elapsed time."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bar: Any = None
-        self.task: Any = None
-
-    def __enter__(self) -> _progress | None:
-        if not self.enabled:
-            return None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=Console(stderr=True), transient=True)
-        self.bar.__enter__()
-        self.task = self.bar.add_task("searching", total=None)
-        return self
-
-    def on_trial(self, done: int, total: int) -> None:
-        self.bar.update(self.task, description="searching", completed=done, total=total)
-
-    def on_stage(self, text: str) -> None:
-        self.bar.update(self.task, description=text, completed=0, total=None)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:

@@ -1,5 +1,5 @@
-"""What every roofplan command shares: an argument parser whose errors are one line (exit 2), and a
-progress display for long work."""
+"""What every roofplan command shares: an argument parser whose errors are one line (exit 2), and
+progress displays for long work."""
 
 from __future__ import annotations
 
@@ -73,6 +73,74 @@ def output_console() -> Any:
     if console.is_terminal or os.environ.get("COLUMNS"):
         return console
     return Console(width=PIPED_WIDTH)
+
+
+def progress_console() -> Any:
+    """The console progress is shown on: stderr when it is a terminal, else None (no progress: a
+    file or a pipe gets only the result). Tests replace it to force a terminal."""
+    import sys
+
+    if not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+class SearchProgress:
+    """A rich progress bar while ``plan`` searches, on ``progress_console()`` (a no-op without one):
+    the trials (``on_trial``), then each longer step by name (``on_stage``: the polish, pricing the
+    reported plans, and when nothing fits the smallest plan, the fused optimizer and the fewest
+    GPUs) with its work counted (``on_progress(done, total)``: points priced, GPU counts tried),
+    and the elapsed time of each. Use as a context manager; it yields None when disabled."""
+
+    _MIN_REDRAW_S = 0.1  # a count redraws at most this often (a step may count thousands of points)
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+        self.task: Any = None
+        self.drawn = 0.0
+
+    def __enter__(self) -> SearchProgress | None:
+        console = progress_console()
+        if console is None:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console, transient=True)
+        self.bar.__enter__()
+        self.task = self.bar.add_task("searching", total=None)
+        return self
+
+    def on_trial(self, done: int, total: int) -> None:
+        self._show("searching", done, total)
+
+    def on_stage(self, text: str) -> None:
+        """A new step: its name, its count not known yet, its clock restarted."""
+        self.bar.reset(self.task, description=text, completed=0, total=None)
+        self._redraw(force=True)
+
+    def on_progress(self, done: int, total: int) -> None:
+        self.bar.update(self.task, completed=done, total=total)
+        self._redraw(force=done >= total)
+
+    def _show(self, description: str, done: int, total: int) -> None:
+        self.bar.update(self.task, description=description, completed=done, total=total)
+        self._redraw(force=done >= total)
+
+    def _redraw(self, force: bool) -> None:
+        """Draw now (the bar's own refresh thread may not get the interpreter during long pricing)."""
+        import time
+
+        now = time.perf_counter()
+        if force or now - self.drawn >= self._MIN_REDRAW_S:
+            self.bar.refresh()
+            self.drawn = now
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
 
 
 class StageProgress:

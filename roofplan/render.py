@@ -19,6 +19,7 @@ from planner.plan.knobs import Knobs
 from planner.plan.optimizer import optimizer_spec
 from planner.plan.parallel_dims import layout_label
 from planner.precision import precision_spec
+from roofplan.render_state import rank_gradient_count
 from roofplan.time_sources import time_sources
 
 if TYPE_CHECKING:
@@ -27,9 +28,9 @@ if TYPE_CHECKING:
 
 from roofplan.render_pipeline import stages_table  # noqa: E402  (after the TYPE_CHECKING block)
 
-NOT_MODELLED = ("not modelled yet: HSDP, CPU offload, pipelines under FSDP2 or with looped/zero-bubble schedules "
-                "(modelled: data parallelism with DDP, ZeRO-1 or FSDP2, tensor, sequence, context and expert "
-                "parallelism, GPipe and 1F1B pipelines)")
+NOT_MODELLED = ("not modelled yet: HSDP, CPU offload, pipelines under FSDP2 (modelled: data parallelism with DDP, "
+                "ZeRO-1 or FSDP2, tensor, sequence, context and expert parallelism, pipelines with DDP or ZeRO-1 "
+                "and every torch.distributed.pipelining schedule)")
 
 
 def zero_label(knobs: Knobs) -> str:
@@ -200,14 +201,15 @@ def _state_rows(result: PlanResult) -> list[_Row]:
         n = f"{format_count(rank_parameters(m, dims))} ({split})"
     if result.best.estimate.stages:  # the busiest pipeline stage's
         stage = max(result.best.estimate.stages, key=lambda s: s.peak_allocated_bytes)
-        n = f"{format_count(stage.n_params)} (stage {stage.stage} of PP {dims.pp}{', TP ' + str(dims.tp) if dims.tp > 1 else ''})"
+        n = f"{format_count(stage.n_params)} (pipeline rank {stage.rank} of {dims.pp}{', TP ' + str(dims.tp) if dims.tp > 1 else ''})"
     per = f"{n} / {ranks}" if sharded else n
+    grad_per = per if sharded or result.best.estimate.stages else rank_gradient_count(m, dims, per)
     grads = strategy.gradients(k) if ranks > 1 else spec.grad_dtype.value
     state_per = f"{n} / {ranks}" if strategy.shards_state else n
     return [
         ("parameters", f"{per} × {spec.param_bytes} B ({spec.param_dtype.value}"
          + (" shards; gathered copies are in the peak)" if sharded else ")"), format_bytes(mem.params_bytes)),
-        ("gradients", f"{per} × {spec.grad_bytes} B ({grads})", format_bytes(mem.grads_bytes)),
+        ("gradients", f"{grad_per} × {spec.grad_bytes} B ({grads})", format_bytes(mem.grads_bytes)),
         ("optimizer state",
          f"{state_per} × {opt.state_tensors_per_param} × {spec.param_bytes} B ({t.optimizer.value})",
          format_bytes(mem.optimizer_bytes)),

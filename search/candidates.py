@@ -20,7 +20,7 @@ from hardware.profile import HardwareProfile
 from planner.graph.layer_graph import LayerGraph
 from planner.memory.placement import NotDecomposableError, PlacementProfile, optimizer_step_bytes, placement_profile
 from planner.memory.placement_kinds import block_kinds, exact_profile
-from planner.memory.step import Phase, StaticMemory, Timeline, checkpoint_units, recomputed_by_unit, simulate_step
+from planner.memory.step import Phase, Timeline, checkpoint_units, recomputed_by_unit, simulate_step
 from planner.model.config import ModelConfig, TrainConfig
 from planner.parallel.strategies import strategy_for
 from planner.plan.checkpointing import CheckpointPolicy, modelled_with_context_parallelism
@@ -30,14 +30,16 @@ from planner.program.estimate import (
     device_bytes,
     estimate,
     peak_lower_bound,
-    rank_graph,
     static_for,
     step_program,
 )
 from planner.program.results import ParetoPoint
 from planner.program.step_program import StepProgram
 from planner.timing.op_times import TimeBreakdown
+from search.bounds import static_floor_at, static_floor_bytes
 from search.mixed import mixed_points
+
+__all__ = ["Evaluation", "evaluate", "forward_floor_bytes", "least_memory_at", "segment_plans", "static_floor_bytes"]
 
 BRUTE_FORCE_MAX_BLOCKS = 12
 # blocks of more kinds than the exact solver separates, too many to enumerate: this many counts of
@@ -255,14 +257,6 @@ def _policy_points(model: ModelConfig, training: TrainConfig, hw: HardwareProfil
     return _PolicyRun(points=points, all_walk=all_walk, all_peak=all_peak, rerun_s=rerun_s, compute=compute)
 
 
-def static_floor_bytes(static: StaticMemory) -> int:
-    """A lower bound of every placement's peak, without a walk: at the optimizer step the rank holds
-    its parameters, optimizer state, data batch and every gradient, plus the step's temporaries
-    (tests/search/test_least_memory.py checks it against the walk's optimizer step)."""
-    return (static.params_bytes + static.optimizer_bytes + static.data_bytes + static.grads_bytes
-            + static.optimizer_step_temp_bytes)
-
-
 def forward_floor_bytes(every_checkpointed: Timeline) -> int:
     """A lower bound of the peak of every per-block placement, of every policy: the largest forward
     or optimizer-step event of the walk with every block checkpointed whole (recorded with its
@@ -299,8 +293,7 @@ def least_memory_at(
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
         return knobs, estimate(model, training, hw, knobs, None).memory.peak_allocated_bytes
-    graph = rank_graph(model, training, base, check_knobs(model, training, hw, base), hw)
-    floor = static_floor_bytes(static_for(graph, hw, training, base))
+    floor = static_floor_at(model, training, hw, base)  # one graph per layout: the same at every micro-batch
     if above_bytes is not None and device_bytes(floor, hw) > above_bytes:
         return base, floor  # not one walk
     program = step_program(model, training, hw, base)

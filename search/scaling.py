@@ -7,6 +7,8 @@ the advice agrees with the smallest plan the message reports.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hardware.profile import HardwareProfile
 from planner.errors import ConfigError
 from planner.model.config import ModelConfig, TrainConfig
@@ -29,6 +31,7 @@ def fewest_gpus(
     allow_segments: bool = True,
     checkpoint_policy: CheckpointPolicy | None = None,
     save_list: SaveList = TORCHTITAN_SAVE_LIST,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[int, Knobs] | None:
     """The smallest GPU count above ``start`` on which some plan fits, with the least sharding
     that makes it fit (data parallelism alone, ZeRO-0 to 3, then tensor parallelism, then context
@@ -36,12 +39,16 @@ def fewest_gpus(
     the global batch times a tensor-parallel degree the model allows inside a node times a
     context-parallel degree it allows (each rank keeping ``MIN_CONTEXT_SHARD_TOKENS`` of a
     sequence). With ``GradSync.LAST`` only ZeRO-2/3 are tried (the mode exists only there), priced
-    in that mode; a fixed ``checkpoint_policy`` is kept."""
+    in that mode; a fixed ``checkpoint_policy`` is kept. ``on_progress(tried, counts)`` follows the
+    GPU counts above ``start`` as each is tried (``counts`` when it ends)."""
     degrees, contexts = scale_out_degrees(model, training.seq_len, hw.gpus_per_node)
     counts = sorted({dp * tp * cp for dp in divisors(training.global_batch_size) for tp in degrees for cp in contexts})
-    for gpus in counts:
+    above = [n for n in counts if n > start]
+    for tried, gpus in enumerate(counts):
         if gpus <= start:
             continue
+        if on_progress is not None:
+            on_progress(tried - (len(counts) - len(above)), len(above))
         layouts = [(stage, 1, 1) for stage in MODELLED_STAGES] + [
             (stage, tp, 1) for tp in degrees if tp > 1 and not gpus % tp for stage in MODELLED_STAGES] + [
             (stage, tp, cp) for cp in contexts if cp > 1 for tp in degrees if not gpus % (tp * cp)
@@ -64,4 +71,6 @@ def fewest_gpus(
             found = first_fitting(model, training, hw, space, cap_bytes)
             if found is not None:
                 return gpus, found.knobs
+    if on_progress is not None:
+        on_progress(len(above), len(above))
     return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -202,6 +202,28 @@ class SearchSpace(BaseModel):
         return list(unique.values())
 
 
+def left_out_note(space: SearchSpace) -> str | None:
+    """One line naming the precisions of ``space`` that some of its layouts do not run, and why
+    (FSDP2 is not modelled with fp16-mixed or fp8-mixed), or None when every layout runs every
+    precision. A precision no layout runs is left out of the search altogether."""
+    layouts: dict[tuple[int, ...], set[str]] = {}
+    for point in space.points():
+        layouts.setdefault(tuple(space.degrees(point).values()), set()).add(str(point[PRECISION]))
+    parts = []
+    for precision in space.dimensions[PRECISION]:
+        missing = [key for key, runs in layouts.items() if precision not in runs]
+        if not missing:
+            continue
+        kept = len(layouts) - len(missing)
+        where = (f"left out of {len(missing)} of the {len(layouts)} layouts (those sharded by FSDP2, ZeRO-2/3)"
+                 if kept else "left out of the search (every layout here is sharded by FSDP2, ZeRO-2/3)")
+        parts.append(f"{precision} {where}")
+    if not parts:
+        return None
+    return (f"--precision: {'; '.join(parts)}: FSDP2 is not modelled with it (it needs a sharded grad scaler for "
+            "fp16 and Float8 training for fp8)")
+
+
 def _plain(value: Any) -> Choice:
     if isinstance(value, bool | int):
         return value
@@ -233,12 +255,14 @@ def build_space(
     checkpoint_policy: CheckpointPolicy | None = None,
     save_list: SaveList = TORCHTITAN_SAVE_LIST,
     expert_parallel: int | None = 1,
+    on_left_out: Callable[[str], None] | None = None,
 ) -> SearchSpace:
     """The space: the layout (ZeRO stage, tensor-, context- and expert-parallel degrees on several GPUs),
     micro-batches that divide each data-parallel rank's share of the global batch (accumulation
     derived), the precisions the device runs; a knob given is fixed (``tensor_parallel``,
     ``context_parallel`` or ``expert_parallel`` None: searched; expert parallelism only on a model
-    with MoE blocks, over degrees that divide its experts)."""
+    with MoE blocks, over degrees that divide its experts). ``on_left_out(line)`` is told which
+    precisions the space leaves out of some or all of its layouts, and why (``left_out_note``)."""
     if checkpoint_policy is CheckpointPolicy.OPS and context_parallel != 1:
         if context_parallel is not None:
             raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
@@ -283,6 +307,9 @@ def build_space(
 
     space = space_of(chosen)
     runnable = tuple(p for p in chosen if any(point[PRECISION] == p.value for point in space.points()))
+    note = left_out_note(space) if on_left_out is not None and runnable else None
+    if note is not None and on_left_out is not None:
+        on_left_out(note)
     if not runnable:
         if not any(True for _ in space_of(tuple(PrecisionPolicy)).points()):
             raise ConfigError(no_layout_refusal(request))

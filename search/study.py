@@ -40,6 +40,7 @@ from search.identity import TRIAL_TAG, complete_trials, join, same_space, study_
 from search.pareto import non_dominated
 from search.smallest import smallest_plan
 from search.space import Point, SearchSpace
+from search.steps import Steps
 
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 _CREATE_TAKES_CONSTRAINTS = "constraints" in inspect.signature(optuna.trial.create_trial).parameters
@@ -162,16 +163,20 @@ def _add_points(
     points: list[Point],
     price: Callable[[Point], Evaluation],
     tag: str,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Price these points here and add them to the study as finished trials; returns how many were new.
 
     Not ``enqueue_trial``: a waiting trial is claimed by a read then a write, and on SQLite two
     workers can both claim it, run it, and the second one's ``tell`` fails ("Cannot tell a
     COMPLETE trial"). A finished trial added in one write cannot be claimed twice; two workers
-    adding the same point at once leave a harmless duplicate."""
+    adding the same point at once leave a harmless duplicate. ``on_progress(done, points)`` follows
+    the points."""
     seen = {_key(space, t) for t in complete_trials(study, tag)}  # a failed or abandoned trial's point is priced again
     added = 0
-    for point in points:  # known-good points and neighbours are allowed by construction
+    for done, point in enumerate(points):  # known-good points and neighbours are allowed by construction
+        if on_progress is not None:
+            on_progress(done, len(points))
         if space.key(point) in seen:
             continue
         seen.add(space.key(point))
@@ -195,9 +200,12 @@ def run_search(
     options: SearchOptions,
     on_trial: Callable[[int, int], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> SearchOutcome:
     """Run (or join) the study and read the answer back from it. ``on_trial(done, planned)``
-    follows the trials; ``on_stage(text)`` names a longer step that has no trials to count."""
+    follows the trials; ``on_stage(text)`` names a longer step that has no trials to count and
+    ``on_progress(done, total)`` counts that step's work (points priced, plans priced in full)."""
+    steps = Steps(on_stage, on_progress)
     start = time.perf_counter()
     price, evaluations = _memoized_pricer(model, training, hw, cap_bytes, space, options)
 
@@ -214,7 +222,7 @@ def run_search(
     n_trials = space.size if options.sampler is SamplerKind.EXHAUSTIVE else options.n_trials
     done = 0
     if options.sampler is not SamplerKind.EXHAUSTIVE:  # the grid visits every point by itself
-        done, n_trials = _price_known_points(study, space, options, price, tag, n_trials)
+        done, n_trials = _price_known_points(study, space, options, price, tag, n_trials, on_trial)
         if on_trial is not None and done:
             on_trial(done, n_trials)
 
@@ -227,9 +235,8 @@ def run_search(
     with same_space(options.study_name):
         study.optimize(objective, n_trials=max(0, n_trials - done), callbacks=[progress])
         if options.polish and options.sampler is not SamplerKind.EXHAUSTIVE:
-            _polish(study, space, price, evaluations, tag)
-    return _read_outcome(study, tag, model, training, hw, cap_bytes, space, options, len(evaluations), start,
-                         on_stage)
+            _polish(study, space, price, evaluations, tag, steps)
+    return _read_outcome(study, tag, model, training, hw, cap_bytes, space, options, len(evaluations), start, steps)
 
 
 def _memoized_pricer(
@@ -264,22 +271,24 @@ def _memoized_pricer(
 
 def _price_known_points(
     study: optuna.Study, space: SearchSpace, options: SearchOptions, price: Callable[[Point], Evaluation], tag: str,
-    n_trials: int,
+    n_trials: int, on_trial: Callable[[int, int], None] | None = None,
 ) -> tuple[int, int]:
     """Before a sampler runs: (trials added, trials planned). A space no larger than the budget is
     priced whole (a sampler would prune or revisit); else its known-good points are, and they are
-    the budget when there are more of them than --trials."""
+    the budget when there are more of them than --trials. ``on_trial`` follows them."""
     plans = list(space.points())
     whole = len(plans) <= n_trials
+    known = plans if whole else space.known_good()
+    planned = len(known) if whole else max(n_trials, len(known))
+    follow = (lambda done, _n: on_trial(done, planned)) if on_trial is not None else None
     with same_space(options.study_name):
-        done = _add_points(study, space, plans if whole else space.known_good(), price, tag)
+        done = _add_points(study, space, known, price, tag, follow)
     return done, done if whole else max(n_trials, done)
 
 
 def _read_outcome(
     study: optuna.Study, tag: str, model: ModelConfig, training: TrainConfig, hw: HardwareProfile, cap_bytes: int,
-    space: SearchSpace, options: SearchOptions, n_evaluated: int, start: float,
-    on_stage: Callable[[str], None] | None,
+    space: SearchSpace, options: SearchOptions, n_evaluated: int, start: float, steps: Steps,
 ) -> SearchOutcome:
     """The answer read back from the study (every worker's trials): the fastest distinct plans that
     fit, priced again in full, their Pareto front, and when nothing fits the smallest plan."""
@@ -296,16 +305,23 @@ def _read_outcome(
     def entry(knobs: Knobs) -> PlanEntry:
         return PlanEntry(knobs=knobs, estimate=estimate(model, training, hw, knobs, cap_bytes))
 
-    best = entry(distinct[0]) if distinct else None
-    alternatives = tuple(entry(k) for k in distinct[1 : 1 + options.n_alternatives])
+    reported = distinct[: 1 + options.n_alternatives]
+    entries = []
+    for i, knobs in enumerate(reported):
+        if i == 0:
+            steps.stage("pricing the best plans in full")
+        steps.count(i, len(reported))
+        entries.append(entry(knobs))
+        steps.count(i + 1, len(reported))
+    best = entries[0] if entries else None
+    alternatives = tuple(entries[1:])
     points = [ParetoPoint.model_validate(p) for t in feasible for p in t.user_attrs.get("pareto", [])]
     # nothing fits: the least memory over the whole space, computed directly (not the smallest
     # point a sampler happened to visit), so every sampler reports the same plan
     closest = None
     if best is None:
-        if on_stage is not None:
-            on_stage("nothing fits: finding the smallest plan")
-        closest = entry(smallest_plan(model, training, hw, space).knobs)
+        steps.stage("nothing fits: finding the smallest plan")
+        closest = entry(smallest_plan(model, training, hw, space, on_progress=steps.on_progress).knobs)
     stats = SearchStats(
         sampler=options.sampler.value,
         n_trials=len(trials),
@@ -337,9 +353,11 @@ def _polish(
     price: Callable[[Point], Evaluation],
     evaluations: dict[tuple[object, ...], Evaluation],
     tag: str,
+    steps: Steps | None = None,
 ) -> None:
     """Price the unvisited neighbours of the best plan, then of the runners-up, until none of
-    the leaders has an unvisited neighbour (a leader's neighbour that wins becomes a leader)."""
+    the leaders has an unvisited neighbour (a leader's neighbour that wins becomes a leader);
+    ``steps`` follows each pass."""
     while True:
         trials = complete_trials(study, tag)
         feasible = [t for t in trials if _a_plan_that_fits(t)]
@@ -354,4 +372,8 @@ def _polish(
                 break
         if not fresh:
             return
-        _add_points(study, space, fresh, price, tag)  # each pass completes at least one new point: it ends
+        if steps is not None:
+            steps.stage("polishing: pricing the neighbours of the best plans")
+        # each pass completes at least one new point: it ends
+        _add_points(study, space, fresh, price, tag, steps.on_progress if steps is not None else None)
+

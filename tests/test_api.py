@@ -4,6 +4,8 @@ errors are PlannerError subclasses, it imports no torch, and the examples run.""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,21 +123,46 @@ EXAMPLES = [
     ["examples/compare_gpus.py", "--model", "tiny-llama", "--devices", "h100-sxm,h200,l4"],
     ["examples/precision_table.py", "--model", "tiny-gpt2", "--device", "a100-sxm-80gb"],
     ["examples/seq_len_sweep.py", "--model", "tiny-llama", "--lengths", "64,128", "--global-batch", "8",
-     "--device", "l4", "--out", "{tmp}/sweep.png"],
+     "--device", "l4", "--gpus", "1", "--out", "{tmp}/sweep.png"],
     ["examples/zero_stages.py", "--model", "tiny-llama", "--gpus", "4", "--global-batch", "16"],
 ]
+
+
+def _assert_example_shows_something(name: str, out: str, tmp_path: Path) -> None:
+    """Each example's output is worth showing (issue 21 item 15): a plot with data in it, a device
+    that fits, a layout named on every row."""
+    if name == "seq_len_sweep":
+        assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert "2 of 2 lengths plotted" in out, out
+        sizes = [int(m) for m in re.findall(r"largest micro-batch (\d+)", out)]
+        assert len(sizes) == 2 and all(size >= 1 for size in sizes), out
+    elif name == "compare_gpus":
+        assert re.search(r"│ (h100-sxm|h200|l4) +│ yes ", out), out
+    elif name == "zero_stages":
+        rows = [line for line in out.splitlines() if re.match(r"│ [0-3] ", line)]
+        assert len(rows) == 6, out  # ZeRO-0, ZeRO-1, ZeRO-2/3 both ways
+        assert all("ZeRO-" in row or "TP " in row or "CP " in row for row in rows), out  # the layout, named
+        assert sum("│ yes " in row for row in rows) >= 1, out
+    if name != "seq_len_sweep":
+        assert "tiny" in out  # the table's title names the model
 
 
 @pytest.mark.parametrize("argv", EXAMPLES, ids=lambda a: Path(a[0]).stem)
 def test_examples_run(argv: list[str], tmp_path: Path) -> None:
     args = [a.format(tmp=tmp_path) for a in argv]
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, check=False, cwd=ROOT, timeout=300)
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, check=False, cwd=ROOT, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    if "seq_len_sweep" in args[0]:
-        assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    else:
-        assert "tiny" in done.stdout
+    _assert_example_shows_something(Path(args[0]).stem, done.stdout, tmp_path)
+
+
+def test_compare_gpus_defaults_show_a_device_that_fits_and_one_that_does_not() -> None:
+    """The example's own defaults (llama2-7b, its published workload) answer both ways, not "no" twice."""
+    done = subprocess.run([sys.executable, "examples/compare_gpus.py"], capture_output=True, text=True, check=False,
+                          cwd=ROOT, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"│ h100-sxm +│ no ", done.stdout) and re.search(r"│ h200 +│ yes ", done.stdout), done.stdout
 
 
 def test_readme_example_runs(tmp_path: Path) -> None:

@@ -63,6 +63,13 @@ class PipelineCase:
     layers_per_stage: tuple[int, ...] | None = None
     return_outputs: bool = False
     metadata: str = "static"
+    dp_shard: int = 1  # > 1: every stage FSDP2-sharded over a data-parallel group (validate.pipeline_fsdp)
+    reshard_after_forward: bool = False
+    mixed_precision: bool = False  # FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+
+    @property
+    def activation_dtype(self) -> torch.dtype:  # what flows between the stages
+        return torch.bfloat16 if self.mixed_precision else self.dtype
 
     @property
     def n_stages(self) -> int:
@@ -134,13 +141,14 @@ def fake_pipeline_group(case: PipelineCase, rank: int) -> Iterator[None]:
 
     def recv_meta(self: PipelineStage, src_stage: int) -> Any:
         if src_stage < self.stage_index:
-            return _StageForwardMeta(forward_metas=(_meta(hidden, case.dtype, True),))
-        return _StageBackwardMeta(backward_metas=(_meta(hidden, case.dtype, False),))
+            return _StageForwardMeta(forward_metas=(_meta(hidden, case.activation_dtype, True),))
+        return _StageBackwardMeta(backward_metas=(_meta(hidden, case.activation_dtype, False),))
 
     patches = ((schedules._PipelineSchedule, "_warmup_p2p", warmup_p2p), (PipelineStage, "_recv_meta", recv_meta),
                (PipelineStage, "_send_meta", lambda self, meta, dst_stage: None))
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=case.pp)
+    # ranks laid out [pp, dp_shard] (dp innermost): the pipeline rank's first data-parallel rank
+    dist.init_process_group("fake", store=FakeStore(), rank=rank * case.dp_shard, world_size=case.pp * case.dp_shard)
     try:
         for owner, name, patched in patches:
             setattr(owner, name, patched)
@@ -151,7 +159,7 @@ def fake_pipeline_group(case: PipelineCase, rank: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _make_stages(case: PipelineCase, rank: int) -> list[PipelineStage]:
+def _make_stages(case: PipelineCase, rank: int, group: Any = None) -> list[PipelineStage]:
     indices = stage_indices(rank, case.pp, case.v, case.style)
     models = build_stage_models(case.config, case.dtype, case.n_stages, indices, case.layers_per_stage)
     hidden = (case.micro_batch, case.seq_len, case.config.d_model)
@@ -162,10 +170,10 @@ def _make_stages(case: PipelineCase, rank: int) -> list[PipelineStage]:
         if case.metadata == "static":
             first, last = index == 0, index == case.n_stages - 1
             example["input_args"] = (torch.empty(hidden[:2], dtype=torch.long, device="meta") if first else
-                                     torch.empty(hidden, dtype=case.dtype, device="meta", requires_grad=True))
-            example["output_args"] = torch.empty(logits if last else hidden, dtype=case.dtype, device="meta",
-                                                 requires_grad=True)
-        stages.append(PipelineStage(model, index, case.n_stages, torch.device("cpu"), **example))
+                                     torch.empty(hidden, dtype=case.activation_dtype, device="meta", requires_grad=True))
+            example["output_args"] = torch.empty(logits if last else hidden, dtype=case.activation_dtype,
+                                                 device="meta", requires_grad=True)
+        stages.append(PipelineStage(model, index, case.n_stages, torch.device("cpu"), group=group, **example))
     return stages
 
 
@@ -301,9 +309,9 @@ def _wrap_stage(stage: PipelineStage, local: set[int], recorder: _Recorder) -> N
     def weight(chunk: int, *args: Any, **kwargs: Any) -> Any:
         return recorder.run("W", stage.stage_index, chunk, lambda: run_weight(chunk, *args, **kwargs))
 
-    setattr(stage, "forward_one_chunk", forward)  # noqa: B010 (instance attributes shadow the methods)
-    setattr(stage, "backward_one_chunk", backward)  # noqa: B010
-    setattr(stage, "backward_weight_one_chunk", weight)  # noqa: B010
+    for name, wrapper in (("forward_one_chunk", forward), ("backward_one_chunk", backward),
+                          ("backward_weight_one_chunk", weight)):
+        setattr(stage, name, wrapper)  # instance attributes shadow the methods
 
 
 def _instrument(stages: list[PipelineStage], schedule: Any, recorder: _Recorder) -> None:
@@ -327,10 +335,13 @@ def _instrument(stages: list[PipelineStage], schedule: Any, recorder: _Recorder)
 
 
 def measure_rank(case: PipelineCase, rank: int, steps: int = 2) -> RankMeasurement:
-    """Run ``steps`` training steps of rank ``rank`` (gradients set to None between steps, no
-    optimizer) with every allocation after the parameters and the batch counted."""
+    """Run ``steps`` training steps of rank ``rank`` (gradients set to None between steps, no optimizer;
+    ``dp_shard > 1`` is ``validate.pipeline_fsdp.measure_fsdp_rank``'s) with every allocation after the parameters and the batch counted."""
     if not 0 <= rank < case.pp:
         raise ValueError(f"rank {rank} is not in a pipeline of {case.pp}")
+    if case.dp_shard > 1:
+        raise ValueError("measure_rank runs unsharded stages; FSDP2-sharded ones (dp_shard > 1): "
+                         "validate.pipeline_fsdp.measure_fsdp_rank")
     with fake_pipeline_group(case, rank):
         stages = _make_stages(case, rank)
         schedule = _make_schedule(case, stages)
@@ -377,11 +388,11 @@ def in_flight(step: StepRecord) -> list[int]:
 
 def format_step(step: StepRecord, shown: tuple[str, ...] = CATEGORIES) -> str:
     """One line per action: label, peak during it, live after, and the non-zero categories."""
-    lines = [f"before {step.live_before:>12,}   peak {step.peak_bytes:>12,} at {step.peak_action}: "
-             + ", ".join(f"{k} {v:,}" for k, v in step.peak_categories.items() if v and k in shown)]
-    for action in step.actions:
-        cats = ", ".join(f"{k} {v:,}" for k, v in action.categories.items() if v and k in shown)
-        lines.append(f"{action.label:>10} peak {action.peak_bytes:>12,} after {action.live_after:>12,}  {cats}")
-    lines.append(f"after  {step.live_after:>12,}  " + ", ".join(
-        f"{k} {v:,}" for k, v in step.categories_after.items() if v and k in shown))
-    return "\n".join(lines)
+    def cats(values: dict[str, int]) -> str:
+        return ", ".join(f"{k} {v:,}" for k, v in values.items() if v and k in shown)
+
+    return "\n".join([f"before {step.live_before:>12,}   peak {step.peak_bytes:>12,} at {step.peak_action}: "
+                      + cats(step.peak_categories),
+                      *(f"{a.label:>10} peak {a.peak_bytes:>12,} after {a.live_after:>12,}  {cats(a.categories)}"
+                        for a in step.actions),
+                      f"after  {step.live_after:>12,}  " + cats(step.categories_after)])

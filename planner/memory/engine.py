@@ -33,6 +33,7 @@ class EngineHooks(WalkHooks):
         self.prep = prep
         self.static = static
         self.backwards_done = 0  # micro-batches whose backward has run (several may be in flight)
+        self.grads_before = 0  # gradients other stages of the rank already hold when this one's first backward runs
 
     def start_step(self, live: Live) -> None:
         """The bytes that exist before the step's first event."""
@@ -49,11 +50,13 @@ class EngineHooks(WalkHooks):
         """A micro-batch's backward is about to run: it adds into the gradients an earlier backward
         allocated (whichever micro-batch that was: a pipeline runs several forwards first)."""
         walk.grads_exist = self.backwards_done > 0
+        if not self.backwards_done:
+            self.grads_before = walk.live.by_category[_GRADS]
 
     def after_backward_event(self, walk: Walk, event: Event) -> None:
         """A micro-batch's backward ran: after the first, every parameter gradient exists."""
         if not self.backwards_done:
-            walk.live.reset_grads(self.static.grads_bytes)
+            walk.live.reset_grads(self.grads_before + self.static.grads_bytes)
         self.backwards_done += 1
 
 

@@ -16,6 +16,7 @@ Every tensor is rounded to the allocator's granularity (512 B on CUDA).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from planner.cache import IdentityCache
 from planner.graph.layer_graph import LayerGraph
@@ -24,7 +25,7 @@ from planner.memory.prepared import Prepared, recompute_span
 from planner.memory.types import Category, Live, PeakPoint, Phase, Timeline, TraceEvent
 from planner.memory.walk import Walk
 from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, CheckpointUnits, SaveList, op_units
-from planner.plan.schedule import Schedule
+from planner.plan.schedule import BackwardPart, Schedule
 
 _PREPARED: IdentityCache[Prepared] = IdentityCache()
 
@@ -88,6 +89,11 @@ def buffer_bytes(graph: LayerGraph, round_bytes: Callable[[int], int]) -> int:
     return sum(round_bytes(n) for n in graph.buffer_bytes)
 
 
+def grads_bytes_of(graph: LayerGraph, round_bytes: Callable[[int], int]) -> int:
+    """Every parameter gradient of ``graph``, each its own allocation."""
+    return sum(round_bytes(n * graph.precision.grad_dtype.n_bytes) for n in graph.grad_tensors.values())
+
+
 def static_memory(
     graph: LayerGraph,
     round_bytes: Callable[[int], int],
@@ -108,7 +114,7 @@ def static_memory(
     params = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors) + buffer_bytes(graph, round_bytes)
     state_one = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors)
     scalars = round_bytes(4) * len(graph.param_tensors) if device_step_scalar and state_tensors_per_param else 0
-    grads = sum(round_bytes(n * precision.grad_dtype.n_bytes) for n in graph.grad_tensors.values())
+    grads = grads_bytes_of(graph, round_bytes)
     data = 2 * round_bytes(data_sequences * (data_seq_len or graph.seq_len) * 8)
     return StaticMemory(
         params_bytes=params,
@@ -119,6 +125,10 @@ def static_memory(
     )
 
 
+def _prepared(graph: LayerGraph, round_bytes: Callable[[int], int]) -> Prepared:
+    return _PREPARED.get((graph,), (round_bytes(1),), lambda: Prepared(graph, round_bytes))
+
+
 def simulate_step(
     graph: LayerGraph,
     static: StaticMemory,
@@ -126,40 +136,51 @@ def simulate_step(
     units: dict[int, int],
     schedule: Schedule,
     record_trace: bool = False,
+    others: Sequence[LayerGraph] = (),
+    live: Live | None = None,
 ) -> Timeline:
     """Walk one steady-state step of a rank, event by event of its schedule; return its peak and
     where it happens. The one event loop of every strategy: the rank's engine
     (``static.engine``, ``planner.memory.engine``) says what exists from the start and adds its buffers
     through its hooks; the schedule says which micro-batch runs which phase, several of them in
-    flight at once where it interleaves them."""
-    prep = _PREPARED.get((graph,), (round_bytes(1),), lambda: Prepared(graph, round_bytes))
+    flight at once where it interleaves them. A rank of a looped pipeline schedule holds several
+    stages: ``graph`` and ``others``, each event naming its stage (``Event.stage``); ``static``
+    is then all of them together. ``live``: the live-bytes record to walk into (a subclass can log
+    every allocation: the allocator snapshot's exporter); a new one by default."""
+    graphs = (graph, *others)
+    preps = [_prepared(g, round_bytes) for g in graphs]
     engine = static.engine
     events = schedule.events if engine.memory_depends_on_sync else schedule.ignoring_sync().events
-    live = Live(record_trace)
-    hooks = engine.hooks(prep, static)
-    hooks.start_step(live)
+    live = live if live is not None else Live(record_trace)
+    # each stage's hooks know its own gradients; what the rank holds from the start is added once
+    hooks = [engine.hooks(prep, replace(static, grads_bytes=grads_bytes_of(g, round_bytes)) if others else static)
+             for prep, g in zip(preps, graphs, strict=True)]
+    engine.hooks(preps[0], static).start_step(live)
     live.observe(Phase.FORWARD, "start")
     activations = logits = 0
-    walks: dict[int, Walk] = {}
-    walk: Walk | None = None
+    walks: dict[tuple[int, int], Walk] = {}
+    last: dict[int, Walk] = {}  # each stage's latest walk
     for event in events:
         live.micro_batch = event.micro_batch
+        key, stage_hooks = (event.stage, event.micro_batch), hooks[event.stage]
         if event.phase is Phase.FORWARD:
-            walk = walks[event.micro_batch] = hooks.new_walk(units, live, event)
+            walk = walks[key] = last[event.stage] = stage_hooks.new_walk(units, live, event)
             activations, logits = walk.forward()
+        elif event.phase is Phase.BACKWARD and event.part is BackwardPart.INPUT:
+            walks[key].backward(input_only=True)  # kept until its weight half
         elif event.phase is Phase.BACKWARD:
-            walk = walks.pop(event.micro_batch)
-            hooks.before_backward_event(walk, event)
-            walk.backward()
-            hooks.after_backward_event(walk, event)
+            walk = last[event.stage] = walks.pop(key)
+            stage_hooks.before_backward_event(walk, event)
+            walk.backward_weight() if event.part is BackwardPart.WEIGHT else walk.backward()
+            stage_hooks.after_backward_event(walk, event)
         else:
             live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
-    assert live.peak is not None and walk is not None
+    assert live.peak is not None and last
     return Timeline(
         peak=live.peak,
         activations_bytes=activations,
         logits_bytes=logits,
-        recompute_flops=walk.recompute_flops,
-        recomputed_ops=frozenset(graph.order[i] for i in walk.recomputed),
+        recompute_flops=sum(w.recompute_flops for w in last.values()),
+        recomputed_ops=frozenset(graphs[s].order[i] for s, w in last.items() for i in w.recomputed),
         trace=tuple(live.trace or ()),
     )

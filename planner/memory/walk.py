@@ -64,6 +64,7 @@ class Walk:
         self.copies_alive = [False] * n
         self.grad_buffer: list[int] = [0] * n  # tensor -> gradient buffer id (0: none)
         self.buffers: dict[int, list[int]] = {}  # id -> [bytes, category, refcount]
+        self.permanent: set[int] = set()  # buffers whose bytes outlive the walk (a stage input's .grad)
         self.next_buffer = 0
         self.param_grads_seen: set[str] = set(held_grads)  # gradients a previous micro-batch left allocated
         # a weight several ops use (a tied LM head and embedding): once its .grad exists, autograd
@@ -266,7 +267,8 @@ class Walk:
             entry[2] -= 1
         else:
             del self.buffers[key]
-            self.live.add(entry[1], -entry[0])
+            if key not in self.permanent:  # a kept gradient stays allocated to the step's end
+                self.live.add(entry[1], -entry[0])
 
     def _param_grads(self, i: int) -> int:
         """Parameter grads of op i: allocated on first sight (returns 0), else a transient that
@@ -298,12 +300,17 @@ class Walk:
         for name in names:
             self.live.add(_GRADS, -self.grad_bytes.pop(name, 0))
 
-    def backward(self) -> None:
+    def backward(self, input_only: bool = False) -> None:
+        """The micro-batch's backward. ``input_only``: a split backward's first half (torch's
+        ``stage_backward_input``, ``retain_graph=True``): input gradients only; everything saved
+        stays, and so does each weight op's output gradient (the pre-hook keeps it for the weight
+        gradient), until ``backward_weight``."""
         p, live = self.p, self.live
         n = p.n
         # d loss / d loss (one fp32 scalar), or a pipeline stage's received output gradient
         self.grad_buffer[n - 1] = self._new_buffer(p.seed_bytes, p.grad_category[n - 1])
         self.hooks.backward_start(self)
+        self.kept_for_weights: list[int] = []
         for i in range(n - 1, -1, -1):
             self.hooks.before_backward(self, i)
             u = self.unit[i]
@@ -314,49 +321,89 @@ class Walk:
             if p.has_backward[i] and own:
                 momentary = [0, 0]  # temporaries, logits
                 momentary[p.grad_category[i] == _LOGITS] += p.bwd_transient[i]
-                if p.releases_out_grad[i] and self.buffers[own][2] == 1:  # its own gradient, read first
-                    momentary[p.grad_category[i] == _LOGITS] -= self.buffers[own][0]
-                aliases = p.aliases[i]
-                for slot, t in enumerate(p.inputs[i]):
-                    if not p.out_grad[t]:
-                        continue
-                    if not self.grad_buffer[t]:
-                        if aliases[slot]:
-                            self.buffers[own][2] += 1
-                            self.grad_buffer[t] = own
-                        else:
-                            self.grad_buffer[t] = self._new_buffer(p.grad_size[t], p.grad_category[t])
-                    elif not aliases[slot]:
-                        momentary[p.grad_category[t] == _LOGITS] += p.grad_size[t]  # accumulated in place
+                if p.releases_out_grad[i] and self.buffers[own][2] == 1 and not input_only:
+                    momentary[p.grad_category[i] == _LOGITS] -= self.buffers[own][0]  # its own gradient, read first
+                self._input_grads(i, own, momentary)
                 # under autocast the weight grad is computed in low precision (part of the
                 # transient) and cast to the fp32 .grad afterwards, once the op has released
                 # what it saved (ToCopyBackward runs after the matmul's backward node)
                 cast_later = bool(p.copies[i])
-                if not cast_later:
+                if not cast_later and not input_only:
                     momentary[0] += self._param_grads(i)
                 live.observe(Phase.BACKWARD, p.names[i], momentary[0], momentary[1])
                 self._sum_pending()
-            if p.keeps_grad[i] and own:  # lives on past this walk, to the step's end
-                self.buffers.pop(own)
-            else:
-                self._drop_buffer(own)
+            if input_only:
+                if p.params[i] and own:  # the output gradient its weight gradient needs: held
+                    self.buffers[own][2] += 1
+                    self.kept_for_weights.append(own)
+                self._release_grad_buffer(i, own)
+                self.grad_buffer[i] = 0
+                continue
+            self._release_grad_buffer(i, own)
             self.grad_buffer[i] = 0
-            for t in self.release[i]:
-                self.holds[t] -= 1
-                if self.holds[t] == 0:
-                    self._free_tensor(t)
-            self.release[i] = []
-            if self.extras_alive[i]:
-                self.extras_alive[i] = False
-                live.add(p.category[i], -p.extras[i])
-            if self.copies_alive[i]:
-                self.copies_alive[i] = False
-                live.add(_TEMPORARIES, -p.copies[i])
+            self._release_saved(i)
             if cast_later:
                 live.observe(Phase.BACKWARD, p.names[i], p.copies[i] + self._param_grads(i))
                 self._sum_pending()
             self.hooks.after_backward(self, i)
+        if not input_only:
+            self._end_backward()
+
+    def backward_weight(self) -> None:
+        """A split backward's second half (``stage_backward_weight``): each weight op's gradient
+        from its kept output gradient and saved input, in reverse order; then what the micro-batch
+        kept is freed."""
+        p, live = self.p, self.live
+        for i in range(p.n - 1, -1, -1):
+            if p.params[i] and p.has_backward[i]:
+                momentary = self._param_grads(i) + (p.copies[i] if p.copies[i] else 0)
+                live.observe(Phase.BACKWARD, p.names[i], momentary)
+                self._sum_pending()
+            self._release_saved(i)
+        for key in self.kept_for_weights:
+            self._drop_buffer(key)
+        self.kept_for_weights = []
+        self._end_backward()
+
+    def _input_grads(self, i: int, own: int, momentary: list[int]) -> None:
+        """Op i's input gradients: a new buffer, the output gradient itself (an alias), or added
+        in place into one an earlier backward made (momentary)."""
+        p = self.p
+        aliases = p.aliases[i]
+        for slot, t in enumerate(p.inputs[i]):
+            if not p.out_grad[t]:
+                continue
+            if not self.grad_buffer[t]:
+                if aliases[slot]:
+                    self.buffers[own][2] += 1
+                    self.grad_buffer[t] = own
+                else:
+                    self.grad_buffer[t] = self._new_buffer(p.grad_size[t], p.grad_category[t])
+            elif not aliases[slot]:
+                momentary[p.grad_category[t] == _LOGITS] += p.grad_size[t]  # accumulated in place
+
+    def _release_grad_buffer(self, i: int, own: int) -> None:
+        if self.p.keeps_grad[i] and own:  # lives on past this walk, to the step's end
+            self.permanent.add(own)
+        self._drop_buffer(own)
+
+    def _release_saved(self, i: int) -> None:
+        """Op i's backward ran: what it held for it is released."""
+        p, live = self.p, self.live
+        for t in self.release[i]:
+            self.holds[t] -= 1
+            if self.holds[t] == 0:
+                self._free_tensor(t)
+        self.release[i] = []
+        if self.extras_alive[i]:
+            self.extras_alive[i] = False
+            live.add(p.category[i], -p.extras[i])
+        if self.copies_alive[i]:
+            self.copies_alive[i] = False
+            live.add(_TEMPORARIES, -p.copies[i])
+
+    def _end_backward(self) -> None:
         self.hooks.backward_end(self)
-        self._free_tensor(n - 1)
+        self._free_tensor(self.p.n - 1)
         for key in list(self.buffers):
             self._drop_buffer(key)

@@ -50,6 +50,8 @@ class Knobs(BaseModel):
     pp_schedule: PipelineSchedule = Field(
         default=PipelineSchedule.ONE_F_ONE_B, description="pipeline parallelism (parallel.pp > 1): the schedule "
         "torch.distributed.pipelining runs, over grad_accum_steps micro-batches (planner.plan.pipeline_plan)")
+    pp_virtual: PositiveInt = Field(
+        default=1, description="pipeline stages per rank (looped schedules: interleaved-1f1b, looped-bfs)")
     pp_layers: tuple[PositiveInt, ...] = Field(
         default=(), description="blocks per pipeline stage, first stage first; () splits them evenly")
 
@@ -98,9 +100,11 @@ class Knobs(BaseModel):
         if self.checkpoint_segments and self.checkpoint_policy is not CheckpointPolicy.FULL:
             raise ValueError(f"checkpoint_segments: segments checkpoint whole blocks; the {self.checkpoint_policy.value} "
                              "policy applies to blocks one by one (checkpoint_blocks)")
-        if self.pp_layers and len(self.pp_layers) != self.parallel.pp:
-            raise ValueError(f"pp_layers: {len(self.pp_layers)} stages given for parallel.pp {self.parallel.pp}; give "
-                             "one block count per stage, or leave it out for an even split")
+        stages = self.parallel.pp * self.pp_virtual
+        if self.pp_layers and len(self.pp_layers) != stages:
+            raise ValueError(f"pp_layers: {len(self.pp_layers)} stages given for {stages} (parallel.pp {self.parallel.pp} "
+                             f"x pp_virtual {self.pp_virtual}); give one block count per stage, or leave it out for an "
+                             "even split")
         if self.fsdp_grad_sync is GradSync.LAST and not self.parallel.shards_parameters:
             raise ValueError("fsdp_grad_sync 'last' applies to ZeRO-2/3 (FSDP2); DDP and ZeRO-1 already reduce "
                              "gradients once per step")

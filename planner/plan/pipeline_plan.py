@@ -11,52 +11,79 @@ Gradients: every backward adds into the stage's ``.grad``; under DDP only the la
 the step reduces them (``PipelineStage.backward_maybe_with_nosync`` runs the others under
 ``no_sync``), as plain accumulation does.
 
-Modelled here: the single-stage schedules (GPipe, 1F1B), whose actions are whole forwards and
-backwards of one stage per rank; the looped and V schedules (several stages per rank, split
-backwards) are refused in one line until their walk exists.
+Every schedule of torch 2.13 is walked: whole forwards and backwards, one or several stages per
+rank, and backwards split into input and weight gradients (the zero-bubble schedules, ZBV,
+DualPipeV, whose overlapped pairs run one part after the other).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.errors import ConfigError
 from planner.graph.stages import StageSpan, even_spans, spans_of
-from planner.plan.pipeline_orders import ActionKind
-from planner.plan.pipeline_schedules import SINGLE_STAGE, PipelineSchedule, check_pipeline, rank_actions
-from planner.plan.schedule import Event, Phase, Schedule
+from planner.plan.pipeline_orders import Action, ActionKind
+from planner.plan.pipeline_schedules import PipelineSchedule, check_pipeline, rank_actions, rank_stages
+from planner.plan.schedule import BackwardPart, Event, Phase, Schedule
 
-_PHASES = {ActionKind.FORWARD: Phase.FORWARD, ActionKind.FULL_BACKWARD: Phase.BACKWARD}
-MODELLED_SCHEDULES = tuple(s for s in PipelineSchedule if s in SINGLE_STAGE)
+# every schedule's actions are walked: whole forwards and backwards, and a backward split into its
+# input half (I) and weight half (W); DualPipeV's overlapped pair runs its two parts one after the
+# other, as torch runs it unless a custom function is registered
+MODELLED_SCHEDULES = tuple(PipelineSchedule)
+
+
+SPLIT_BACKWARD = frozenset({PipelineSchedule.INTERLEAVED_ZERO_BUBBLE, PipelineSchedule.ZBV_ZERO_BUBBLE,
+                            PipelineSchedule.DUALPIPEV})
 
 
 def check_modelled(schedule: PipelineSchedule, pp: int, n_micro_batches: int, n_blocks: int,
-                   layers_per_stage: tuple[int, ...] = ()) -> None:
+                   layers_per_stage: tuple[int, ...] = (), virtual: int = 1, checkpointing: bool = False) -> None:
     """Refuse, in one line naming the field, a pipeline torch would refuse (``check_pipeline``), a
-    schedule whose walk is not modelled yet, or a split that does not cover the blocks."""
-    if schedule not in SINGLE_STAGE:
-        modelled = ", ".join(s.value for s in MODELLED_SCHEDULES)
-        raise ConfigError(f"pp_schedule: {schedule.value} runs several stages per rank or split backwards, which are "
-                          f"not modelled yet; use {modelled}")
-    check_pipeline(schedule, pp, n_micro_batches, 1, n_blocks)
+    combination not modelled yet, or a split that does not cover the blocks."""
+    check_pipeline(schedule, pp, n_micro_batches, virtual, n_blocks)
+    if checkpointing and schedule in SPLIT_BACKWARD:
+        raise ConfigError(f"pp_schedule: {schedule.value} splits each backward, and what its input half keeps of "
+                          "a checkpointed block's recompute until the weight half was not measured; use --checkpoint "
+                          "none, or 1f1b / interleaved-1f1b with checkpointing")
+    stages = pp * virtual
     if layers_per_stage:
-        if len(layers_per_stage) != pp or sum(layers_per_stage) != n_blocks or min(layers_per_stage) < 1:
+        if len(layers_per_stage) != stages or sum(layers_per_stage) != n_blocks or min(layers_per_stage) < 1:
             given = ",".join(map(str, layers_per_stage))
-            raise ConfigError(f"pp_layers: {given} must give {pp} stages of at least one block each, "
+            raise ConfigError(f"pp_layers: {given} must give {stages} stages of at least one block each, "
                               f"{n_blocks} blocks in all; or leave it out for an even split")
 
 
-def stage_spans(pp: int, n_blocks: int, layers_per_stage: tuple[int, ...] = ()) -> tuple[StageSpan, ...]:
+def stage_spans(n_stages: int, n_blocks: int, layers_per_stage: tuple[int, ...] = ()) -> tuple[StageSpan, ...]:
     """Each stage's blocks: the given split, else the even one (earlier stages one block longer)."""
-    return spans_of(layers_per_stage) if layers_per_stage else even_spans(n_blocks, pp)
+    return spans_of(layers_per_stage) if layers_per_stage else even_spans(n_blocks, n_stages)
 
 
 def rank_schedule(schedule: PipelineSchedule, pp: int, n_micro_batches: int, rank: int,
-                  sync_last: bool) -> Schedule:
-    """Pipeline rank ``rank``'s step as events, in torch's order, then the optimizer step.
-    ``sync_last``: only the step's last backward reduces gradients (DDP's ``no_sync`` on the others);
-    otherwise every backward does."""
-    actions = rank_actions(schedule, pp, n_micro_batches)[rank]
-    last_backward = max(i for i, a in enumerate(actions) if a.kind is ActionKind.FULL_BACKWARD)
-    events = tuple(Event(a.micro_batch, _PHASES[a.kind], sync=not sync_last or i == last_backward)
-                   for i, a in enumerate(actions))
+                  sync_last: bool, virtual: int = 1) -> Schedule:
+    """Pipeline rank ``rank``'s step as events, in torch's order, then the optimizer step; each
+    event names which of the rank's stages runs it (``rank_stages``: ascending). A split backward
+    is two events (``BackwardPart``), except on the first stage, which has no input gradient: its
+    ``I`` does nothing and its ``W`` runs the whole backward (``stage.py``
+    ``backward_one_chunk``, ``docs/pipeline_memory.md`` section 4). ``sync_last``: a stage reduces
+    its gradients on its last backward only (DDP's ``no_sync`` on the others); otherwise every
+    backward does."""
+    actions = [c for a in rank_actions(schedule, pp, n_micro_batches, virtual)[rank] for c in a.computations()]
+    local = {stage: i for i, stage in enumerate(rank_stages(schedule, pp, virtual)[rank])}
+    events = [e for a in actions for e in _events(a, local[a.stage])]
+    last = {e.stage: i for i, e in enumerate(events) if e.phase is Phase.BACKWARD and e.part is not BackwardPart.INPUT}
+    events = [replace(e, sync=not sync_last or i == last[e.stage]) if e.phase is Phase.BACKWARD else e
+              for i, e in enumerate(events)]
     return Schedule(events=(*events, Event(n_micro_batches - 1, Phase.OPTIMIZER)), n_micro_batches=n_micro_batches,
                     sync_last=sync_last)
+
+
+def _events(action: Action, stage: int) -> tuple[Event, ...]:
+    """One compute action as the walk's events (none for the first stage's ``I``)."""
+    kind, mb = action.kind, action.micro_batch
+    if kind is ActionKind.FORWARD:
+        return (Event(mb, Phase.FORWARD, stage=stage),)
+    if kind is ActionKind.FULL_BACKWARD or (kind is ActionKind.BACKWARD_WEIGHT and action.stage == 0):
+        return (Event(mb, Phase.BACKWARD, stage=stage),)
+    if kind is ActionKind.BACKWARD_INPUT:
+        return () if action.stage == 0 else (Event(mb, Phase.BACKWARD, stage=stage, part=BackwardPart.INPUT),)
+    return (Event(mb, Phase.BACKWARD, stage=stage, part=BackwardPart.WEIGHT),)

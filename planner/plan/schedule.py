@@ -29,12 +29,22 @@ class Phase(StrEnum):
     OPTIMIZER = "optimizer"
 
 
+class BackwardPart(StrEnum):
+    """A whole backward, or one half of a split one (torch's ``BACKWARD_INPUT`` / ``BACKWARD_WEIGHT``)."""
+
+    FULL = "full"
+    INPUT = "input"  # input gradients only; the graph and each weight op's output gradient kept
+    WEIGHT = "weight"  # the weight gradients, then everything the micro-batch kept is freed
+
+
 @dataclass(frozen=True)
 class Event:
     micro_batch: int
     phase: Phase  # FORWARD, BACKWARD (with its recomputation) or OPTIMIZER
     repeats: int = 1  # events of the full schedule this one stands for
     sync: bool = True  # a backward that reduces gradients (DDP's last micro-batch, FSDP2's reduce-scatters)
+    stage: int = 0  # which of the rank's pipeline stages runs it (looped schedules hold several)
+    part: BackwardPart = BackwardPart.FULL  # a backward split into input and weight gradients (zero bubble)
 
 
 @dataclass(frozen=True)
@@ -53,9 +63,9 @@ class Schedule:
             return accumulation(self.n_micro_batches)
         return Schedule(events=tuple(replace(e, sync=True) for e in self.events), n_micro_batches=self.n_micro_batches)
 
-    def count(self, phase: Phase) -> int:
-        """How many events of ``phase`` the full step has."""
-        return sum(e.repeats for e in self.events if e.phase is phase)
+    def count(self, phase: Phase, stage: int | None = None) -> int:
+        """How many events of ``phase`` the full step has (of one of the rank's stages, if given)."""
+        return sum(e.repeats for e in self.events if e.phase is phase and (stage is None or e.stage == stage))
 
     @property
     def micro_batches(self) -> tuple[int, ...]:

@@ -38,11 +38,9 @@ from planner.plan.schedule import Schedule
 from planner.precision import PrecisionSpec, precision_spec
 from planner.program.pipeline_program import (
     StageEstimate,
+    pipeline_ranks,
     pipelined_time,
     stage_estimates,
-    stage_graphs,
-    stage_schedule,
-    with_receive_buffers,
 )
 from planner.program.step_program import RankProgram, StepProgram, device_bytes
 from planner.timing.op_times import (
@@ -122,7 +120,8 @@ def check_knobs(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
         raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
     check_layout(model, training.seq_len, knobs.parallel)
     if knobs.parallel.pp > 1:
-        check_modelled(knobs.pp_schedule, knobs.parallel.pp, knobs.grad_accum_steps, model.n_layers, knobs.pp_layers)
+        check_modelled(knobs.pp_schedule, knobs.parallel.pp, knobs.grad_accum_steps, model.n_layers, knobs.pp_layers,
+                       knobs.pp_virtual, checkpointing=bool(knobs.checkpointed))
     outside = [b for b in knobs.checkpointed if b >= model.n_layers]
     if outside:
         raise ConfigError(
@@ -199,9 +198,8 @@ def step_program(model: ModelConfig, training: TrainConfig, hw: HardwareProfile,
     if dims.pp == 1:
         return StepProgram(ranks=(_rank_program(graph, knobs.schedule, training, hw, knobs, dims.world_size),),
                            units=units, hw=hw)
-    ranks = tuple(with_receive_buffers(_rank_program(g, stage_schedule(knobs, r), training, hw, knobs,
-                                                     dims.world_size // dims.pp, span), knobs, hw)
-                  for r, (span, g) in enumerate(stage_graphs(graph, knobs)))
+    ranks = pipeline_ranks(graph, knobs, hw, lambda g, schedule, span: _rank_program(
+        g, schedule, training, hw, knobs, dims.world_size // dims.pp, span))
     return StepProgram(ranks=ranks, units=units, hw=hw)
 
 

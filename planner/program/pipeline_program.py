@@ -18,7 +18,8 @@ its last backward, which the first stage finishes last.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import fields, replace
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,22 +30,56 @@ from planner.graph.stages import STAGE_INPUT, StageSpan, stage_graph
 from planner.memory.types import Phase, Timeline
 from planner.plan.knobs import Knobs
 from planner.plan.pipeline_plan import rank_schedule, stage_spans
+from planner.plan.pipeline_schedules import rank_stages
+from planner.plan.schedule import Schedule, accumulation
 from planner.program.step_program import RankProgram, StepProgram, device_bytes, placed
-from planner.timing.op_times import TimeBreakdown
+from planner.timing.op_times import TimeBreakdown, step_time
 from planner.timing.pipeline_time import PipelineTime, StageTime, pipeline_time
+from planner.timing.step_time import Collectives
 
 
 def stage_graphs(whole: LayerGraph, knobs: Knobs) -> tuple[tuple[StageSpan, LayerGraph], ...]:
-    """Each pipeline stage's blocks and graph, first stage first."""
-    spans = stage_spans(knobs.parallel.pp, whole.model.n_layers, knobs.pp_layers)
+    """Each pipeline stage's blocks and graph, first stage first (``pp x pp_virtual`` of them)."""
+    spans = stage_spans(knobs.parallel.pp * knobs.pp_virtual, whole.model.n_layers, knobs.pp_layers)
     return tuple((span, stage_graph(whole, span)) for span in spans)
 
 
-def stage_schedule(knobs: Knobs, rank: int):  # noqa: ANN201 (planner.plan.schedule.Schedule)
-    """Pipeline rank ``rank``'s events: DDP and ZeRO-1 reduce gradients on the last backward only."""
+def stage_schedule(knobs: Knobs, rank: int) -> Schedule:
+    """Pipeline rank ``rank``'s events: DDP and ZeRO-1 reduce a stage's gradients on its last
+    backward only."""
     dims = knobs.parallel
     sync_last = dims.data_parallel > 1 and not dims.shards_parameters
-    return rank_schedule(knobs.pp_schedule, dims.pp, knobs.grad_accum_steps, rank, sync_last)
+    return rank_schedule(knobs.pp_schedule, dims.pp, knobs.grad_accum_steps, rank, sync_last, knobs.pp_virtual)
+
+
+def pipeline_ranks(whole: LayerGraph, knobs: Knobs, hw: HardwareProfile,
+                   one_stage: Callable[[LayerGraph, Schedule, StageSpan], RankProgram]) -> tuple[RankProgram, ...]:
+    """Every pipeline rank's program, first rank first: its stages (``rank_stages``: one, or
+    several for a looped schedule), each built by ``one_stage`` with its receive buffers, merged."""
+    stages = stage_graphs(whole, knobs)
+    held = rank_stages(knobs.pp_schedule, knobs.parallel.pp, knobs.pp_virtual)
+    out = []
+    for rank, indices in enumerate(held):
+        schedule = stage_schedule(knobs, rank)
+        parts = [with_receive_buffers(one_stage(stages[s][1], schedule, stages[s][0]), knobs, hw) for s in indices]
+        out.append(_merged(parts))
+    return tuple(out)
+
+
+def _merged(parts: list[RankProgram]) -> RankProgram:
+    """One rank holding several stages: their static memory together (the optimizer step's
+    temporaries the largest part's: torchtitan keeps one optimizer per model part and steps them
+    one by one), their collectives and optimizer steps one after the other."""
+    if len(parts) == 1:
+        return parts[0]
+    statics = [p.static for p in parts]
+    static = replace(statics[0], **{name: sum(getattr(s, name) for s in statics) for name in
+                                    ("params_bytes", "optimizer_bytes", "grads_bytes", "received_bytes")},
+                     optimizer_step_temp_bytes=max(s.optimizer_step_temp_bytes for s in statics))
+    collectives = Collectives(**{f.name: sum(getattr(p.collectives, f.name) for p in parts)
+                                 for f in fields(Collectives)})
+    optimizer_s = (sum(p.optimizer_s[0] for p in parts), sum(p.optimizer_s[1] for p in parts))
+    return replace(parts[0], static=static, collectives=collectives, optimizer_s=optimizer_s, others=tuple(parts[1:]))
 
 
 def with_receive_buffers(rank: RankProgram, knobs: Knobs, hw: HardwareProfile) -> RankProgram:
@@ -78,8 +113,8 @@ def p2p_seconds(program: StepProgram, knobs: Knobs, hw: HardwareProfile) -> floa
 def pipelined_time(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...]) -> TimeBreakdown:
     """The busiest rank's step on the pipeline's timeline (see the module docstring): its compute,
     what its collectives add, and the rest of the span as the pipeline's bubble and waits."""
-    computes = [program.compute_time(ops, rank) for ops, rank in zip(recomputed, program.ranks, strict=True)]
-    line = _line(program, knobs, computes)
+    computes = [_rank_compute(rank, ops, knobs) for ops, rank in zip(recomputed, program.ranks, strict=True)]
+    line = _line(program, knobs, recomputed)
     exposed = max(placed(c, rank, program.hw).communication_s for c, rank in zip(computes, program.ranks, strict=True))
     own = computes[max(range(len(computes)), key=lambda r: line.busy_s[r])]
     step_s = line.step_time_s + max(c.optimizer_s for c in computes) + exposed
@@ -91,25 +126,58 @@ def pipelined_time(program: StepProgram, knobs: Knobs, recomputed: tuple[frozens
 
 def pipeline_line(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...]) -> PipelineTime:
     """The pipeline's timeline alone (compute and sends): the bubble of each rank, for the report."""
-    return _line(program, knobs, [program.compute_time(ops, rank)
-                                  for ops, rank in zip(recomputed, program.ranks, strict=True)])
+    return _line(program, knobs, recomputed)
 
 
-def _line(program: StepProgram, knobs: Knobs, computes: list[TimeBreakdown]) -> PipelineTime:
+def _stage_compute(part: RankProgram, recomputed: frozenset[str]) -> TimeBreakdown:
+    """One stage's compute for one micro-batch (no optimizer)."""
+    return step_time(part.times, recomputed, accumulation(1), (0.0, 0.0))
+
+
+def _rank_compute(rank: RankProgram, recomputed: frozenset[str], knobs: Knobs) -> TimeBreakdown:
+    """A rank's compute over the step: each of its stages' micro-batches, and its optimizer step."""
     m = knobs.grad_accum_steps
-    times = tuple(StageTime(forward_s=c.forward_s / m, backward_input_s=(c.backward_s + c.recompute_s) / m,
-                            backward_weight_s=0.0) for c in computes)
-    return pipeline_time(knobs.pp_schedule, knobs.parallel.pp, m, times, p2p_seconds(program, knobs, program.hw),
+    parts = [_stage_compute(p, recomputed) for p in (rank, *rank.others)]
+    total = {name: m * sum(getattr(c, name) for c in parts)
+             for name in ("forward_s", "backward_s", "recompute_s", "tensor_parallel_s", "context_parallel_s",
+                          "expert_parallel_s", "lower_bound_s")}
+    total["lower_bound_s"] += rank.optimizer_s[1]
+    step_s = total["forward_s"] + total["backward_s"] + total["recompute_s"] + rank.optimizer_s[0]
+    return TimeBreakdown(**total, optimizer_s=rank.optimizer_s[0], step_time_s=step_s)
+
+
+def _weight_share(graph: LayerGraph) -> float:
+    """The share of a stage's backward that computes weight gradients: its weight-gradient FLOPs
+    over its backward FLOPs (a split backward's ``W`` runs those, ``I`` the rest and the recompute)."""
+    nodes = [op.cost for op in graph.nodes if op.cost.has_backward]
+    total = sum(c.bwd_flops for c in nodes)
+    return sum(c.bwd_weight_flops for c in nodes) / total if total else 0.0
+
+
+def _line(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...]) -> PipelineTime:
+    """The schedule's tasks with each global stage's time per micro-batch."""
+    held = rank_stages(knobs.pp_schedule, knobs.parallel.pp, knobs.pp_virtual)
+    by_stage: dict[int, StageTime] = {}
+    for rank, ops, indices in zip(program.ranks, recomputed, held, strict=True):
+        for part, stage in zip((rank, *rank.others), indices, strict=True):
+            c = _stage_compute(part, ops)
+            weight = _weight_share(part.graph) * c.backward_s  # the dW half of a split backward
+            by_stage[stage] = StageTime(forward_s=c.forward_s, backward_input_s=c.backward_s - weight + c.recompute_s,
+                                        backward_weight_s=weight)
+    times = tuple(by_stage[s] for s in range(len(by_stage)))
+    return pipeline_time(knobs.pp_schedule, knobs.parallel.pp, knobs.grad_accum_steps, times,
+                         p2p_seconds(program, knobs, program.hw), virtual=knobs.pp_virtual,
                          slowdown=program.hw.overlap_compute_slowdown)
 
 
 class StageEstimate(BaseModel):
-    """One pipeline stage, as its ranks run it: its blocks, its peak, its share of the step."""
+    """One pipeline rank (its stage, or its stages under a looped schedule), as the ranks of its
+    data- and tensor-parallel group run it: its blocks, its peak, its share of the step."""
 
     model_config = ConfigDict(frozen=True)
-    stage: int
-    first_block: int
-    last_block: int
+    rank: int  # its place in the pipeline
+    stages: tuple[int, ...]  # the global stages it runs
+    blocks: tuple[tuple[int, int], ...]  # each stage's (first, last) block
     n_params: int  # its parameters (a tied embedding counted on both ends)
     params_bytes: int  # its parameters (and buffers) on one rank
     peak_allocated_bytes: int
@@ -123,14 +191,14 @@ class StageEstimate(BaseModel):
 
 def stage_estimates(program: StepProgram, knobs: Knobs, walks: tuple[Timeline, ...],
                     recomputed: tuple[frozenset[str], ...]) -> tuple[StageEstimate, ...]:
-    """Every stage's figures, first stage first (``walks``: each rank's memory walk)."""
+    """Every pipeline rank's figures, first rank first (``walks``: each rank's memory walk)."""
     line = pipeline_line(program, knobs, recomputed)
+    held = rank_stages(knobs.pp_schedule, knobs.parallel.pp, knobs.pp_virtual)
     out = []
     for i, (rank, walk) in enumerate(zip(program.ranks, walks, strict=True)):
-        assert rank.stage is not None
         out.append(StageEstimate(
-            stage=i, first_block=rank.stage.first_block, last_block=rank.stage.last_block,
-            n_params=rank.graph.n_params, params_bytes=rank.static.params_bytes, peak_allocated_bytes=walk.peak.bytes,
+            rank=i, stages=held[i], blocks=tuple((s.first_block, s.last_block) for s in rank.spans),
+            n_params=sum(g.n_params for g in rank.graphs), params_bytes=rank.static.params_bytes, peak_allocated_bytes=walk.peak.bytes,
             device_bytes=device_bytes(walk.peak.bytes, program.hw), peak_phase=walk.peak.phase,
             peak_op=walk.peak.op, peak_micro_batch=walk.peak.micro_batch,
             busy_s=line.busy_s[i], idle_s=line.idle_s[i]))

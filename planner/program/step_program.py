@@ -21,7 +21,7 @@ from planner.graph.layer_graph import LayerGraph
 from planner.graph.stages import StageSpan
 from planner.memory.engine import StaticMemory
 from planner.memory.step import simulate_step
-from planner.memory.types import Phase, Timeline
+from planner.memory.types import Live, Phase, Timeline
 from planner.ops.base import OpVariant
 from planner.plan.schedule import Schedule
 from planner.timing.op_times import OpTimes, TimeBreakdown, step_time
@@ -40,23 +40,59 @@ class RankProgram:
     optimizer_s: tuple[float, float]  # its optimizer step (estimate, lower bound)
     ranks: int  # ranks that run this program
     stage: StageSpan | None = None  # the pipeline stage it runs (None: the whole model)
+    # a looped pipeline schedule's further stages on this rank, each as its own program (its graph,
+    # op times, static memory); this one's static memory, collectives and optimizer are then the
+    # whole rank's (``planner.program.pipeline_program``)
+    others: tuple[RankProgram, ...] = ()
+
+    @property
+    def graphs(self) -> tuple[LayerGraph, ...]:
+        """Its stages' graphs, ``graph`` first (one without pipeline parallelism)."""
+        return (self.graph, *(o.graph for o in self.others))
+
+    @property
+    def spans(self) -> tuple[StageSpan, ...]:
+        return tuple(s for s in (self.stage, *(o.stage for o in self.others)) if s is not None)
+
+    def model_flops_per_step(self) -> float:
+        """FLOPs of this rank's step: each stage's micro-batch times its forwards."""
+        return sum(self.schedule.count(Phase.FORWARD, i if self.others else None) * _model_flops(g)
+                   for i, g in enumerate(self.graphs))
+
+    def executed_flops_per_step(self, recompute_flops: float) -> float:
+        """FLOPs its kernels run in a step, replicated work included; ``recompute_flops``: one
+        micro-batch's recompute summed over its stages."""
+        forwards = self.schedule.count(Phase.FORWARD, 0 if self.others else None)
+        return sum(self.schedule.count(Phase.FORWARD, i if self.others else None) * _executed_flops(g)
+                   for i, g in enumerate(self.graphs)) + forwards * recompute_flops
 
     def model_flops_per_micro_batch(self) -> float:
         """FLOPs of one micro-batch on this rank (FlopCounterMode's convention, no recompute); an
         op every rank of its group runs whole (a MoE router under TP) counted once per group."""
-        total = 0.0
-        for op in self.graph.nodes:
-            if not op.cost.has_backward:
-                continue
-            flops = op.cost.fwd_flops + op.cost.bwd_flops
-            if op.spec.variant is OpVariant.REPLICATED_WEIGHT:
-                flops /= op.spec.group_size
-            total += flops
-        return total
+        return _model_flops(self.graph)
 
     def executed_flops_per_micro_batch(self) -> float:
         """FLOPs this rank's kernels run for one micro-batch, replicated work included (recompute not)."""
-        return sum(op.cost.fwd_flops + op.cost.bwd_flops for op in self.graph.nodes if op.cost.has_backward)
+        return _executed_flops(self.graph)
+
+
+def _model_flops(graph: LayerGraph) -> float:
+    """FLOPs of one micro-batch of ``graph`` (FlopCounterMode's convention, no recompute); an op
+    every rank of its group runs whole (a MoE router under TP) counted once per group."""
+    total = 0.0
+    for op in graph.nodes:
+        if not op.cost.has_backward:
+            continue
+        flops = op.cost.fwd_flops + op.cost.bwd_flops
+        if op.spec.variant is OpVariant.REPLICATED_WEIGHT:
+            flops /= op.spec.group_size
+        total += flops
+    return total
+
+
+def _executed_flops(graph: LayerGraph) -> float:
+    """FLOPs ``graph``'s kernels run for one micro-batch, replicated work included (recompute not)."""
+    return sum(op.cost.fwd_flops + op.cost.bwd_flops for op in graph.nodes if op.cost.has_backward)
 
 
 @dataclass(frozen=True)
@@ -72,11 +108,12 @@ class StepProgram:
         return self.ranks[0]
 
     def walk(self, units: dict[int, int] | None = None, record_trace: bool = False,
-             rank: RankProgram | None = None) -> Timeline:
-        """The memory walk of ``rank`` (default the busiest) with checkpoint ``units`` (default the plan's)."""
+             rank: RankProgram | None = None, live: Live | None = None) -> Timeline:
+        """The memory walk of ``rank`` (default the busiest) with checkpoint ``units`` (default the
+        plan's), into ``live`` if given (``simulate_step``)."""
         r = rank or self.busiest
         return simulate_step(r.graph, r.static, self.hw.round_alloc, self.units if units is None else units,
-                             r.schedule, record_trace)
+                             r.schedule, record_trace, tuple(o.graph for o in r.others), live)
 
     def compute_time(self, recomputed: frozenset[str], rank: RankProgram | None = None) -> TimeBreakdown:
         """``rank``'s compute when checkpointing re-runs the ``recomputed`` ops, summed over its
@@ -94,13 +131,11 @@ class StepProgram:
         return self.placed(self.compute_time(recomputed, rank), rank)
 
     def model_flops_per_step(self) -> float:
-        return sum(r.ranks * r.schedule.count(Phase.FORWARD) * r.model_flops_per_micro_batch() for r in self.ranks)
+        return sum(r.ranks * r.model_flops_per_step() for r in self.ranks)
 
     def hardware_flops_per_step(self, recompute_flops: dict[int, float]) -> float:
         """Executed FLOPs of every rank (``recompute_flops``: per rank kind's index, one micro-batch's)."""
-        return sum(r.ranks * r.schedule.count(Phase.FORWARD) * (r.executed_flops_per_micro_batch()
-                                                               + recompute_flops.get(i, 0.0))
-                   for i, r in enumerate(self.ranks))
+        return sum(r.ranks * r.executed_flops_per_step(recompute_flops.get(i, 0.0)) for i, r in enumerate(self.ranks))
 
     @property
     def world_size(self) -> int:

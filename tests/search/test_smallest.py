@@ -140,6 +140,7 @@ def test_the_steps_after_the_search_are_named_as_they_start() -> None:
                  on_stage=stages.append)
     assert trials and trials[-1][0] == trials[-1][1]  # the search ran to its end first
     assert stages == ["nothing fits: finding the smallest plan",
+                      "nothing fits: pricing the fused optimizer",  # issue 21 item 9: measured advice
                       "nothing fits: finding the fewest GPUs that would hold it"]
 
 
