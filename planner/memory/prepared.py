@@ -94,6 +94,13 @@ class Prepared:
             for op in nodes
         ]
         self.full_pending = [len(self.consumers[t]) + len(self.frame_users[t]) for t in range(n)]
+        # a weight several ops use (a tied LM head and embedding): once its .grad exists, autograd
+        # sums the later users' gradients in the accumulator's input buffer, which lives until the
+        # first user's backward adds its own and the sum goes into .grad
+        self.first_user: dict[str, int] = {}
+        for i, params in enumerate(self.params):
+            for name, _ in params:
+                self.first_user.setdefault(name, i)
         # a pipeline's last stage caches its output (the logits) until the backward starts: the
         # loss, whose backward runs first, holds it (``LayerGraph.stage_output``)
         self.stage_output = position[graph.stage_output] if graph.stage_output is not None else None

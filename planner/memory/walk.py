@@ -67,13 +67,6 @@ class Walk:
         self.permanent: set[int] = set()  # buffers whose bytes outlive the walk (a stage input's .grad)
         self.next_buffer = 0
         self.param_grads_seen: set[str] = set(held_grads)  # gradients a previous micro-batch left allocated
-        # a weight several ops use (a tied LM head and embedding): once its .grad exists, autograd
-        # sums the later users' gradients in the accumulator's input buffer, which lives until the
-        # first user's backward adds its own and the sum goes into .grad
-        self.first_user: dict[str, int] = {}
-        for i, params in enumerate(prep.params):
-            for name, _ in params:
-                self.first_user.setdefault(name, i)
         self.pending_sums: dict[str, int] = {}
         self.summed: list[str] = []
         self.recompute_flops = 0.0
@@ -276,7 +269,7 @@ class Walk:
         momentary = 0
         for name, n_bytes in self.p.params[i]:
             if self.grads_exist or name in self.param_grads_seen:
-                if self.first_user[name] < i and name not in self.pending_sums:
+                if self.p.first_user[name] < i and name not in self.pending_sums:
                     self.pending_sums[name] = n_bytes  # later users add into it in place
                     self.live.add(_GRADS, n_bytes)
                     continue
@@ -301,10 +294,9 @@ class Walk:
             self.live.add(_GRADS, -self.grad_bytes.pop(name, 0))
 
     def backward(self, input_only: bool = False) -> None:
-        """The micro-batch's backward. ``input_only``: a split backward's first half (torch's
-        ``stage_backward_input``, ``retain_graph=True``): input gradients only; everything saved
-        stays, and so does each weight op's output gradient (the pre-hook keeps it for the weight
-        gradient), until ``backward_weight``."""
+        """The micro-batch's backward; ``input_only``: a split backward's first half (torch's
+        ``stage_backward_input``): input gradients only, everything saved and each weight op's
+        output gradient (kept by a pre-hook) held until ``backward_weight``."""
         p, live = self.p, self.live
         n = p.n
         # d loss / d loss (one fp32 scalar), or a pipeline stage's received output gradient
@@ -356,8 +348,7 @@ class Walk:
         p, live = self.p, self.live
         for i in range(p.n - 1, -1, -1):
             if p.params[i] and p.has_backward[i]:
-                momentary = self._param_grads(i) + (p.copies[i] if p.copies[i] else 0)
-                live.observe(Phase.BACKWARD, p.names[i], momentary)
+                live.observe(Phase.BACKWARD, p.names[i], self._param_grads(i) + p.copies[i])
                 self._sum_pending()
             self._release_saved(i)
         for key in self.kept_for_weights:
@@ -366,8 +357,7 @@ class Walk:
         self._end_backward()
 
     def _input_grads(self, i: int, own: int, momentary: list[int]) -> None:
-        """Op i's input gradients: a new buffer, the output gradient itself (an alias), or added
-        in place into one an earlier backward made (momentary)."""
+        """Op i's input gradients: a new buffer, its output gradient (an alias), or added in place."""
         p = self.p
         aliases = p.aliases[i]
         for slot, t in enumerate(p.inputs[i]):
@@ -402,7 +392,7 @@ class Walk:
             self.copies_alive[i] = False
             live.add(_TEMPORARIES, -p.copies[i])
 
-    def _end_backward(self) -> None:
+    def _end_backward(self) -> None:  # the micro-batch's last references go
         self.hooks.backward_end(self)
         self._free_tensor(self.p.n - 1)
         for key in list(self.buffers):
