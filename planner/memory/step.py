@@ -171,7 +171,10 @@ def simulate_step(
         elif event.phase is Phase.BACKWARD:
             walk = last[event.stage] = walks.pop(key)
             stage_hooks.before_backward_event(walk, event)
-            walk.backward_weight() if event.part is BackwardPart.WEIGHT else walk.backward()
+            if event.part is BackwardPart.WEIGHT:
+                walk.backward_weight()
+            else:
+                walk.backward(keep_sent=schedule.holds_last)
             stage_hooks.after_backward_event(walk, event)
         else:
             live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)

@@ -293,10 +293,10 @@ class Walk:
         for name in names:
             self.live.add(_GRADS, -self.grad_bytes.pop(name, 0))
 
-    def backward(self, input_only: bool = False) -> None:
-        """The micro-batch's backward; ``input_only``: a split backward's first half (torch's
-        ``stage_backward_input``): input gradients only, everything saved and each weight op's
-        output gradient (kept by a pre-hook) held until ``backward_weight``."""
+    def backward(self, input_only: bool = False, keep_sent: bool = False) -> None:
+        """The micro-batch's backward; ``input_only``: a split backward's input half (everything saved
+        and each weight op's output gradient held until ``backward_weight``); ``keep_sent``: the stage
+        input's gradient outlives the walk (``Schedule.holds_last``)."""
         p, live = self.p, self.live
         n = p.n
         # d loss / d loss (one fp32 scalar), or a pipeline stage's received output gradient
@@ -328,10 +328,10 @@ class Walk:
                 if p.params[i] and own:  # the output gradient its weight gradient needs: held
                     self.buffers[own][2] += 1
                     self.kept_for_weights.append(own)
-                self._release_grad_buffer(i, own)
+                self._release_grad_buffer(i, own, keep=True)
                 self.grad_buffer[i] = 0
                 continue
-            self._release_grad_buffer(i, own)
+            self._release_grad_buffer(i, own, keep=keep_sent)
             self.grad_buffer[i] = 0
             self._release_saved(i)
             if cast_later:
@@ -372,8 +372,9 @@ class Walk:
             elif not aliases[slot]:
                 momentary[p.grad_category[t] == _LOGITS] += p.grad_size[t]  # accumulated in place
 
-    def _release_grad_buffer(self, i: int, own: int) -> None:
-        if self.p.keeps_grad[i] and own:  # lives on past this walk, to the step's end
+    def _release_grad_buffer(self, i: int, own: int, keep: bool) -> None:
+        """Op i's output gradient is done with; ``keep``: a stage input's lives to the step's end."""
+        if keep and self.p.keeps_grad[i] and own:
             self.permanent.add(own)
         self._drop_buffer(own)
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 from planner.errors import ConfigError
 from planner.graph.stages import StageSpan, even_spans, spans_of
 from planner.plan.pipeline_orders import Action, ActionKind
-from planner.plan.pipeline_schedules import PipelineSchedule, check_pipeline, rank_actions, rank_stages
+from planner.plan.pipeline_schedules import SINGLE_STAGE, PipelineSchedule, check_pipeline, rank_actions, rank_stages
 from planner.plan.schedule import BackwardPart, Event, Phase, Schedule
 
 # every schedule's actions are walked: whole forwards and backwards, and a backward split into its
@@ -74,7 +74,7 @@ def rank_schedule(schedule: PipelineSchedule, pp: int, n_micro_batches: int, ran
     events = [replace(e, sync=not sync_last or i == last[e.stage]) if e.phase is Phase.BACKWARD else e
               for i, e in enumerate(events)]
     return Schedule(events=(*events, Event(n_micro_batches - 1, Phase.OPTIMIZER)), n_micro_batches=n_micro_batches,
-                    sync_last=sync_last)
+                    sync_last=sync_last, holds_last=schedule in SINGLE_STAGE)
 
 
 def _events(action: Action, stage: int) -> tuple[Event, ...]:

@@ -52,6 +52,10 @@ class Schedule:
     events: tuple[Event, ...]  # the walked events, in order
     n_micro_batches: int
     sync_last: bool = False  # accumulation where only the last micro-batch syncs gradients
+    # a single-stage pipeline schedule (GPipe, 1F1B): a stage input's gradient is held past its
+    # backward (the schedule's pending sends), taken to the step's end; the runtime schedules drop
+    # it once sent (``stage_backward``: ``val.grad = None``). Measured: docs/pipeline_memory.md
+    holds_last: bool = False
 
     def ignoring_sync(self) -> Schedule:
         """The same step for a walk whose allocations do not depend on which backward syncs
