@@ -109,13 +109,13 @@ def test_counts_equal_transformers_and_reference(case: str) -> None:
 # at the backward peak of that block's recompute (0.7-1.3% here; pre-norm blocks: 0.1%). Not found
 # yet: kept visible as a strict xfail rather than a wider tolerance.
 _LAST_BLOCK_GAP = pytest.mark.xfail(strict=True, reason="post-norm: last checkpointed block under by ~1 (B,T,D)")
-CASES = [("gqa", "flash", "fp32", (0,)), ("gqa", "flash", "bf16-mixed", ()), ("gqa", "eager", "bf16-mixed", (0,)),
+CASES = [("gqa", "flash", "fp32", (0,)), ("gqa", "eager", "bf16-mixed", (0,)),
          ("biases, tied, MHA", "flash", "bf16-mixed", (0,)), ("head_dim 24", "flash", "bf16-true", ()),
          pytest.param("gqa", "flash", "bf16-mixed", (0, 1), marks=_LAST_BLOCK_GAP)]
 
 
 @pytest.mark.parametrize(("case", "attention", "precision", "blocks"), CASES,
-                         ids=["gqa-fp32-ckpt0", "gqa-bf16-mixed", "gqa-eager-bf16-mixed-ckpt0", "tied-mha-ckpt0",
+                         ids=["gqa-fp32-ckpt0", "gqa-eager-bf16-mixed-ckpt0", "tied-mha-ckpt0",
                               "head_dim-bf16-true", "gqa-bf16-mixed-ckpt-all"])
 def test_planner_matches_pytorch(case: str, attention: str, precision: str, blocks: tuple[int, ...]) -> None:
     """Peak within 1% of the tracker (measured within 0.05%), FLOPs (recompute included) equal."""
