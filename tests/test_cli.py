@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_helpers import call
 
 from hardware.registry import bundled_names, load_hardware
 from roofplan.cli import main as plan_main
@@ -21,15 +22,6 @@ from roofplan.hardware_cli import main as hardware_main
 REPO = Path(__file__).resolve().parent.parent
 FIXED = ["--micro-batch", "2", "--precision", "fp32", "--checkpoint", "none"]
 TINY = ["--model", "tiny-llama", *FIXED]
-
-
-def call(main: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse errors
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return int(code or 0), out, err
 
 
 def plan(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

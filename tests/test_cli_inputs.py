@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_helpers import call
 
 from hardware.files import MAX_INPUT_BYTES, MAX_NESTING
 from hardware.registry import load_hardware
@@ -22,15 +23,6 @@ from roofplan.validate_cli import main as validate_main
 
 REPO = Path(__file__).resolve().parent.parent
 FIXED = ["--micro-batch", "2", "--precision", "fp32", "--checkpoint", "none"]
-
-
-def call(main: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse errors
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return int(code or 0), out, err
 
 
 def one_line_error(code: int, out: str, err: str, prog: str, *needles: str) -> str:

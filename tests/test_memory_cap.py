@@ -4,31 +4,19 @@ runtime reserve named as what it is."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from typing import Any
 
 import pytest
+from cli_helpers import run_plan as run
 
 from hardware.registry import bundled_names, load_hardware
 from planner.errors import ConfigError, InfeasibleError
 from planner.program.results import PlanResult
 from roofplan import api
-from roofplan.cli import main as plan_main
 
 H100 = load_hardware("h100-sxm")
 TINY = ("--model", "tiny-llama", "--trials", "6")
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = plan_main(list(argv))
-        except SystemExit as exit_:
-            code = exit_.code
-    return int(code or 0), out.getvalue(), err.getvalue()
 
 
 def one_line_error(code: int, out: str, err: str) -> str:

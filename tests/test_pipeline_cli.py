@@ -3,27 +3,15 @@ table and ``--json``'s per-stage list, and the requests refused in one line."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
+from cli_helpers import run_plan as run
 
 from planner.errors import ConfigError
 from roofplan import api
-from roofplan.cli import main as plan_main
 
 FIXED = ("--model", "tiny-llama", "--micro-batch", "1", "--precision", "fp32", "--checkpoint", "none")
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = plan_main(list(argv))
-        except SystemExit as exit_:
-            code = exit_.code
-    return int(code or 0), out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -46,3 +46,24 @@ def cpu_attention_flop_formulas() -> dict[Any, Any]:
 def flop_counter(display: bool = False) -> FlopCounterMode:
     """A FlopCounterMode that also counts the CPU fused attention."""
     return FlopCounterMode(display=display, custom_mapping=cpu_attention_flop_formulas())
+
+
+def transformers_training_flops(config_data: dict[str, Any], seq_len: int, batch: int) -> float:
+    """FLOPs of one forward and backward of transformers' own model built from a ``config.json``
+    mapping (eager attention, random weights, a ``batch x seq_len`` batch of ids as inputs and
+    labels), counted by ``flop_counter``. transformers is imported here only (a test dependency)."""
+    import copy
+
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**copy.deepcopy(config_data))
+    config._attn_implementation = "eager"
+    config.use_cache = False
+    torch.manual_seed(0)
+    net = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    net.train()
+    ids = torch.randint(0, config.vocab_size, (batch, seq_len))
+    counter = flop_counter()
+    with counter:
+        net(input_ids=ids, labels=ids).loss.backward()
+    return float(counter.get_total_flops())

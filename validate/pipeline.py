@@ -8,16 +8,12 @@ live-storage tracker (``validate.tracker``). Each forward (F), loss (L), full ba
 backward-input (I) and backward-weight (W) of a micro-batch is recorded with its peak and the live
 bytes after it, split into categories (``CATEGORIES``) by what holds each storage.
 
-Two things a lone rank cannot do on a fake group, and what replaces them (``fake_pipeline_group``):
-- the warm-up vote (``torch/distributed/pipelining/schedules.py:_PipelineSchedule._warmup_p2p`` ->
-  ``stage.py:PipelineStage._warmup_forward_vote``) ``dist.recv``s the previous stage's vote into
-  a zero tensor, which the fake group leaves at 0 ("dynamic"): the patch sets every stage to the
-  mode the real vote would reach (static when every stage was given its example tensors);
-- dynamic metadata inference (``stage.py:PipelineStage._recv_meta``) unpickles a received object
-  (``recv_object_list``: garbage on a fake group): the patch hands each stage the metadata its
-  neighbour would have sent (hidden states (mb, T, D) forward, their gradient backward).
-Received buffers keep whatever ``torch.empty_strided`` left in them; the harness fills them in
-place (no allocation) before a cross-rank forward/backward so that the numbers stay finite.
+What a lone rank cannot do on a fake group, and what replaces it (``fake_pipeline_group``):
+- the warm-up vote (``schedules.py:_warmup_p2p`` -> ``stage.py:_warmup_forward_vote``) reads a zero
+  tensor ("dynamic"): the patch sets each stage to the mode the real vote reaches;
+- dynamic metadata (``stage.py:_recv_meta``) unpickles garbage: the patch hands each stage the
+  metadata its neighbour would send (hidden states forward, their gradient backward); received
+  buffers are filled in place (no allocation) before use, so the numbers stay finite.
 """
 
 from __future__ import annotations
@@ -334,6 +330,21 @@ def _instrument(stages: list[PipelineStage], schedule: Any, recorder: _Recorder)
     schedule._maybe_compute_loss, schedule._initialize_pp_stages = maybe_compute_loss, initialize_pp_stages
 
 
+def run_steps(case: PipelineCase, schedule: Any, tracker: PipelineTracker, recorder: Any, steps: int,
+              ids: torch.Tensor | None, targets: torch.Tensor | None, params: list[torch.Tensor]) -> None:
+    """``steps`` of ``schedule`` (first stage fed ``ids``, last ``targets``); gradients None between."""
+    for index in range(steps):
+        tracker.classify_peaks = index == steps - 1
+        recorder.begin_step()
+        losses: list[torch.Tensor] = []
+        schedule.step(*((ids,) if ids is not None else ()), target=targets,
+                      losses=losses if targets is not None else None, return_outputs=case.return_outputs)
+        del losses
+        recorder.end_step()
+        for p in params:
+            p.grad = None
+
+
 def measure_rank(case: PipelineCase, rank: int, steps: int = 2) -> RankMeasurement:
     """Run ``steps`` training steps of rank ``rank`` (gradients set to None between steps, no optimizer;
     ``dp_shard > 1`` is ``validate.pipeline_fsdp.measure_fsdp_rank``'s) with every allocation after the parameters and the batch counted."""
@@ -358,16 +369,8 @@ def measure_rank(case: PipelineCase, rank: int, steps: int = 2) -> RankMeasureme
         recorder = _Recorder(tracker, classifier)
         _instrument(stages, schedule, recorder)
         with tracker:
-            for index in range(steps):
-                tracker.classify_peaks = index == steps - 1  # (slow) only in the step reported in full
-                recorder.begin_step()
-                losses: list[torch.Tensor] = []
-                schedule.step(*((ids,) if has_first else ()), target=targets if has_last else None,
-                              losses=losses if has_last else None, return_outputs=case.return_outputs)
-                del losses
-                recorder.end_step()
-                for p in params:
-                    p.grad = None
+            run_steps(case, schedule, tracker, recorder, steps, ids if has_first else None,
+                      targets if has_last else None, params)
         param_bytes = sum(tracker._live.get(id(p.untyped_storage()), 0) for p in params)
         return RankMeasurement(case, rank, [s.stage_index for s in stages], param_bytes, recorder.steps)
 

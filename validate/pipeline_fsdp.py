@@ -58,6 +58,7 @@ from validate.pipeline import (
     _Recorder,
     classify,
     fake_pipeline_group,
+    run_steps,
 )
 from validate.pipeline_split import StageModel
 
@@ -205,14 +206,6 @@ def measure_fsdp_rank(case: PipelineCase, rank: int, steps: int = 2) -> RankMeas
         _instrument(stages, schedule, recorder)
         _record_fsdp_actions(stages, recorder)
         with tracker:
-            for index in range(steps):
-                tracker.classify_peaks = index == steps - 1
-                recorder.begin_step()
-                losses: list[torch.Tensor] = []
-                schedule.step(*((ids,) if has_first else ()), target=targets if has_last else None,
-                              losses=losses if has_last else None, return_outputs=case.return_outputs)
-                del losses
-                recorder.end_step()
-                for p in params:
-                    p.grad = None
+            run_steps(case, schedule, tracker, recorder, steps, ids if has_first else None,
+                      targets if has_last else None, params)
         return RankMeasurement(case, rank, [s.stage_index for s in stages], param_bytes, recorder.steps)

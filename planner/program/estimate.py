@@ -334,5 +334,5 @@ def estimate(
         ops=ops,
         op_groups=_GROUPS.get((graph, hw), (knobs.grad_accum_steps,), lambda: group_ops(ops, knobs.grad_accum_steps)),
         limiting_bound=Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY,
-        stages=stage_estimates(program, knobs, walks, recomputed) if pipelined else (),
+        stages=stage_estimates(program, knobs, walks, time.timeline) if pipelined and time.timeline else (),
     )

@@ -36,6 +36,7 @@ from planner.program.step_program import RankProgram, StepProgram, device_bytes,
 from planner.timing.op_times import TimeBreakdown, step_time
 from planner.timing.pipeline_time import PipelineTime, StageTime, pipeline_time
 from planner.timing.step_time import Collectives
+from planner.timing.timeline import RankTimeline, Stream
 
 
 def stage_graphs(whole: LayerGraph, knobs: Knobs) -> tuple[tuple[StageSpan, LayerGraph], ...]:
@@ -124,11 +125,6 @@ def pipelined_time(program: StepProgram, knobs: Knobs, recomputed: tuple[frozens
         "lower_bound_s": max(c.lower_bound_s for c in computes), "timeline": line.timeline})
 
 
-def pipeline_line(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...]) -> PipelineTime:
-    """The pipeline's timeline alone (compute and sends): the bubble of each rank, for the report."""
-    return _line(program, knobs, recomputed)
-
-
 def _stage_compute(part: RankProgram, recomputed: frozenset[str]) -> TimeBreakdown:
     """One stage's compute for one micro-batch (no optimizer)."""
     return step_time(part.times, recomputed, accumulation(1), (0.0, 0.0))
@@ -190,9 +186,9 @@ class StageEstimate(BaseModel):
 
 
 def stage_estimates(program: StepProgram, knobs: Knobs, walks: tuple[Timeline, ...],
-                    recomputed: tuple[frozenset[str], ...]) -> tuple[StageEstimate, ...]:
-    """Every pipeline rank's figures, first rank first (``walks``: each rank's memory walk)."""
-    line = pipeline_line(program, knobs, recomputed)
+                    line: RankTimeline) -> tuple[StageEstimate, ...]:
+    """Every pipeline rank's figures, first rank first (``walks``: each rank's memory walk;
+    ``line``: the pipeline's timeline that ``pipelined_time`` placed, its compute and idle per rank)."""
     held = rank_stages(knobs.pp_schedule, knobs.parallel.pp, knobs.pp_virtual)
     out = []
     for i, (rank, walk) in enumerate(zip(program.ranks, walks, strict=True)):
@@ -201,5 +197,5 @@ def stage_estimates(program: StepProgram, knobs: Knobs, walks: tuple[Timeline, .
             n_params=sum(g.n_params for g in rank.graphs), params_bytes=rank.static.params_bytes, peak_allocated_bytes=walk.peak.bytes,
             device_bytes=device_bytes(walk.peak.bytes, program.hw), peak_phase=walk.peak.phase,
             peak_op=walk.peak.op, peak_micro_batch=walk.peak.micro_batch,
-            busy_s=line.busy_s[i], idle_s=line.idle_s[i]))
+            busy_s=line.busy_s(Stream.COMPUTE, i), idle_s=line.idle_s(i)))
     return tuple(out)

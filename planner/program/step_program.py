@@ -66,15 +66,6 @@ class RankProgram:
         return sum(self.schedule.count(Phase.FORWARD, i if self.others else None) * _executed_flops(g)
                    for i, g in enumerate(self.graphs)) + forwards * recompute_flops
 
-    def model_flops_per_micro_batch(self) -> float:
-        """FLOPs of one micro-batch on this rank (FlopCounterMode's convention, no recompute); an
-        op every rank of its group runs whole (a MoE router under TP) counted once per group."""
-        return _model_flops(self.graph)
-
-    def executed_flops_per_micro_batch(self) -> float:
-        """FLOPs this rank's kernels run for one micro-batch, replicated work included (recompute not)."""
-        return _executed_flops(self.graph)
-
 
 def _model_flops(graph: LayerGraph) -> float:
     """FLOPs of one micro-batch of ``graph`` (FlopCounterMode's convention, no recompute); an op

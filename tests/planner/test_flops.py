@@ -21,7 +21,7 @@ from planner.model.config import ModelConfig, TrainConfig  # noqa: E402
 from planner.model.sources import model_from_hf_config, resolve  # noqa: E402
 from planner.plan.knobs import Knobs  # noqa: E402
 from planner.program.estimate import estimate  # noqa: E402
-from validate.flops import flop_counter  # noqa: E402
+from validate.flops import transformers_training_flops  # noqa: E402
 from validate.simulate import simulate_step  # noqa: E402
 
 TOLERANCE = 0.005
@@ -57,27 +57,13 @@ def test_recomputation_is_hardware_flops_only() -> None:
     assert hardware_flops > model_flops * 1.2  # the blocks' forward ran twice
 
 
-def _hf_flops(config_data: dict, seq_len: int, batch: int) -> float:
-    config = transformers.AutoConfig.for_model(**config_data)
-    config._attn_implementation = "eager"
-    config.use_cache = False
-    torch.manual_seed(0)
-    hf_model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    hf_model.train()
-    ids = torch.randint(0, config.vocab_size, (batch, seq_len))
-    counter = flop_counter()
-    with counter:
-        hf_model(input_ids=ids, labels=ids).loss.backward()
-    return float(counter.get_total_flops())
-
-
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2"])
 def test_transformers_model_flops(family: str) -> None:
     data = json.loads((FIXTURES / f"{family}.json").read_text())
     model = model_from_hf_config(data, name=family)
     seq_len, batch = 64, 2
     planned, _ = _planned(model, seq_len, batch)
-    assert planned == pytest.approx(_hf_flops(data, seq_len, batch), rel=TOLERANCE)
+    assert planned == pytest.approx(transformers_training_flops(data, seq_len, batch), rel=TOLERANCE)
 
 
 def test_six_n_d_rule_at_short_context() -> None:

@@ -34,6 +34,7 @@ from planner.errors import ConfigError
 from planner.model.config import AttentionImpl, LayerType, QkNorm
 from planner.model.moe_config import ExpertActivation, RouterScoring
 from planner.model.readers.fields import hf_bool, hf_float, hf_int, refuse_rope_types
+from planner.model.readers.windows import listed_layer_types
 
 # GptOssConfig's defaults (transformers 5.24.0) for the keys a config.json may omit; tests check
 # them against the installed transformers.
@@ -107,13 +108,7 @@ def _layer_types(data: Mapping[str, Any], n_layers: int, context: str) -> tuple[
     raw = data.get("layer_types")
     if raw is None:
         return tuple(LayerType.SLIDING if (i + 1) % 2 else LayerType.FULL for i in range(n_layers))
-    allowed = {t.value for t in LayerType}
-    if not isinstance(raw, list) or any(t not in allowed for t in raw):
-        raise ConfigError(f"{context}: layer_types: expected a list of {' or '.join(sorted(allowed))}, got {raw!r}")
-    if len(raw) != n_layers:
-        raise ConfigError(f"{context}: layer_types: {len(raw)} entries for num_hidden_layers {n_layers}; list one per "
-                          "layer")
-    return tuple(LayerType(t) for t in raw)
+    return listed_layer_types(raw, n_layers, context)
 
 
 def _refuse_rope(data: Mapping[str, Any], context: str) -> None:

@@ -78,6 +78,11 @@ def _layer_types(data: Mapping[str, Any], n_layers: int, window: int | None, def
             raise ConfigError(f"{context}: max_window_layers: expected an integer, got {first!r}")
         return tuple(LayerType.SLIDING if window is not None and i >= first else LayerType.FULL
                      for i in range(n_layers))
+    return listed_layer_types(raw, n_layers, context)
+
+
+def listed_layer_types(raw: Any, n_layers: int, context: str) -> tuple[LayerType, ...]:
+    """A config.json's ``layer_types`` list, checked: one known type per layer."""
     allowed = {t.value for t in LayerType}
     if not isinstance(raw, list) or any(t not in allowed for t in raw):
         raise ConfigError(f"{context}: layer_types: expected a list of {' or '.join(sorted(allowed))}, got {raw!r}")
