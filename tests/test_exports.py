@@ -19,6 +19,9 @@ from roofplan.export_snapshot import memory_snapshot
 from roofplan.export_trace import MEMORY_COUNTER, trace_events
 from roofplan.step_spans import COMPUTE, DATA_PARALLEL, PIPELINE, step_spans
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_exports")
+
 REPO = Path(__file__).resolve().parent.parent
 FSDP3 = dict(micro_batch_size=1, precisions="bf16-mixed", checkpoint="all", gpus=4, zero_stage=3)  # ZeRO-3, recompute
 TP = dict(micro_batch_size=1, precisions="bf16-mixed", checkpoint="0", gpus=4, zero_stage=2, tp=2)

@@ -15,6 +15,9 @@ from planner.errors import ConfigError, InfeasibleError
 from planner.program.results import PlanResult
 from roofplan import api
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_memory_cap")
+
 H100 = load_hardware("h100-sxm")
 TINY = ("--model", "tiny-llama", "--trials", "6")
 

@@ -22,6 +22,9 @@ from planner.program.results import PlanResult
 from roofplan.cli import main as plan_main
 from roofplan.validate_cli import main as validate_main
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_plan_files")
+
 REPO = Path(__file__).resolve().parent.parent
 IMPLEMENTATIONS = ("reference", "hf", "torchtitan")
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true", "fp8-mixed")

@@ -27,6 +27,9 @@ from hardware.registry import load_hardware
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from published_runs import MODELS_CSV, RUNS_CSV, Result, plan_row, read_csv, split_half  # noqa: E402
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_llm_foundry_runs")
+
 
 @pytest.fixture(scope="module")
 def planned() -> dict[str, list[Result]]:

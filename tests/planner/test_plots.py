@@ -25,6 +25,9 @@ from roofplan.cli import build_parser  # noqa: E402
 from roofplan.cli import main as plan_main  # noqa: E402
 from roofplan.plots import CHARTS, memory_figure, pareto_figure, write_plots  # noqa: E402
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_plots")
+
 GB = 1e9
 
 

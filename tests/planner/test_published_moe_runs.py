@@ -27,6 +27,9 @@ from planner.plan.knobs import Knobs
 from planner.plan.parallel_dims import ParallelDims
 from roofplan import api
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_published_moe_runs")
+
 PUBLISHED_STEP_S = 21.773
 GPT_OSS_STEP_S = 10.04
 GPT_OSS_TOKENS_PER_GPU_S = 13_058

@@ -22,6 +22,9 @@ from planner.plan.knobs import Knobs
 from planner.plan.parallel_dims import ParallelDims
 from roofplan import api
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_published_parallel_runs")
+
 GIB = 2**30
 TORCHTITAN_HBM_BYTES = 96 * GIB  # the runs' GPUs; what they needed fit there
 

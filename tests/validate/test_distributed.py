@@ -59,6 +59,9 @@ import contextlib, io, json, os, runpy, sys
 import torch.distributed as dist
 from roofplan.validate_cli import main
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_distributed")
+
 def validate(index, path, as_module=False):
     argv = [path, "--mode", "run", "--device", "cpu", "--steps", "1", "--json"]
     out = io.StringIO()

@@ -20,6 +20,9 @@ from validate.pipeline_fsdp import measure_fsdp_rank  # noqa: E402
 from validate.pipeline_split import build_stage_models  # noqa: E402
 from validate.tracker import rounded_bytes  # noqa: E402
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_pipeline_fsdp_harness")
+
 TINY = ModelConfig(family="llama", name="pp-fsdp-tiny", n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, d_ff=172,
                    vocab_size=512, max_seq_len=64)
 T, D, N = 32, 64, 2

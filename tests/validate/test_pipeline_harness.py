@@ -14,6 +14,9 @@ from planner.model.config import ModelConfig  # noqa: E402
 from validate.pipeline import PipelineCase, RankMeasurement, StepRecord, in_flight, measure_rank  # noqa: E402
 from validate.tracker import rounded_bytes  # noqa: E402
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_pipeline_harness")
+
 TINY = ModelConfig(family="llama", name="pp-tiny", n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, d_ff=172,
                    vocab_size=512, max_seq_len=64)
 T, D, V, FF, M = 32, 64, 512, 172, 4
