@@ -160,6 +160,7 @@ def simulate_step(
     activations = logits = 0
     walks: dict[tuple[int, int], Walk] = {}
     last: dict[int, Walk] = {}  # each stage's latest walk
+    sending: dict[int, Walk] = {}  # each stage's pending send of its input's gradient (``holds_last``)
     for event in events:
         live.micro_batch = event.micro_batch
         key, stage_hooks = (event.stage, event.micro_batch), hooks[event.stage]
@@ -175,8 +176,14 @@ def simulate_step(
                 walk.backward_weight()
             else:
                 walk.backward(keep_sent=schedule.holds_last)
+                if schedule.holds_last:  # one pending send: this one replaces the previous
+                    if event.stage in sending:
+                        sending[event.stage].release_kept()
+                    sending[event.stage] = walk
             stage_hooks.after_backward_event(walk, event)
         else:
+            for walk in sending.values():  # the schedule's step returned: its locals are gone
+                walk.release_kept()
             live.observe(Phase.OPTIMIZER, "optimizer.step", static.optimizer_step_temp_bytes)
     assert live.peak is not None and last
     return Timeline(

@@ -65,6 +65,7 @@ class Walk:
         self.grad_buffer: list[int] = [0] * n  # tensor -> gradient buffer id (0: none)
         self.buffers: dict[int, list[int]] = {}  # id -> [bytes, category, refcount]
         self.permanent: set[int] = set()  # buffers whose bytes outlive the walk (a stage input's .grad)
+        self.kept: list[tuple[int, int]] = []  # (category, bytes) of those, once the walk dropped them
         self.next_buffer = 0
         self.param_grads_seen: set[str] = set(held_grads)  # gradients a previous micro-batch left allocated
         self.pending_sums: dict[str, int] = {}
@@ -260,8 +261,10 @@ class Walk:
             entry[2] -= 1
         else:
             del self.buffers[key]
-            if key not in self.permanent:  # a kept gradient stays allocated to the step's end
+            if key not in self.permanent:  # a kept gradient stays allocated until ``release_kept``
                 self.live.add(entry[1], -entry[0])
+            else:
+                self.kept.append((entry[1], entry[0]))
 
     def _param_grads(self, i: int) -> int:
         """Parameter grads of op i: allocated on first sight (returns 0), else a transient that
@@ -340,6 +343,13 @@ class Walk:
             self.hooks.after_backward(self, i)
         if not input_only:
             self._end_backward()
+
+    def release_kept(self) -> None:
+        """Free what this walk kept past its backward (``backward(keep_sent=True)``): the schedule
+        let go of the stage input's gradient."""
+        for category, n_bytes in self.kept:
+            self.live.add(category, -n_bytes)
+        self.kept = []
 
     def backward_weight(self) -> None:
         """A split backward's second half (``stage_backward_weight``): each weight op's gradient

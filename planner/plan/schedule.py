@@ -53,8 +53,9 @@ class Schedule:
     n_micro_batches: int
     sync_last: bool = False  # accumulation where only the last micro-batch syncs gradients
     # a single-stage pipeline schedule (GPipe, 1F1B): a stage input's gradient is held past its
-    # backward (the schedule's pending sends), taken to the step's end; the runtime schedules drop
-    # it once sent (``stage_backward``: ``val.grad = None``). Measured: docs/pipeline_memory.md
+    # backward as the schedule's one pending send (``bwd_sends``), until the stage's next backward
+    # has sent its own or the step returns; the runtime schedules drop it once sent
+    # (``stage_backward``: ``val.grad = None``). Measured: docs/pipeline_memory.md section 3
     holds_last: bool = False
 
     def ignoring_sync(self) -> Schedule:

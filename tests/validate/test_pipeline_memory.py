@@ -55,19 +55,19 @@ def _compare(knobs: Knobs, case: PipelineCase, ranks: tuple[int, ...]) -> dict[i
     return out
 
 
-@pytest.mark.parametrize(("schedule", "precision", "layers"), [
-    ("gpipe", "fp32", ()), ("gpipe", "bf16-true", (3, 2, 2, 1)), ("1f1b", "fp32", ()), ("1f1b", "bf16-true", ()),
-    ("1f1b", "fp32", (3, 2, 2, 1)), ("1f1b", "bf16-true", (3, 2, 2, 1))],
+@pytest.mark.parametrize(("schedule", "precision", "layers", "m"), [
+    ("gpipe", "fp32", (), M), ("gpipe", "bf16-true", (3, 2, 2, 1), M), ("1f1b", "fp32", (), M),
+    ("1f1b", "bf16-true", (), M), ("1f1b", "fp32", (3, 2, 2, 1), M), ("1f1b", "bf16-true", (3, 2, 2, 1), M),
+    ("1f1b", "fp32", (), 16)],
     ids=["gpipe-fp32-even", "gpipe-bf16-uneven", "1f1b-fp32-even", "1f1b-bf16-even", "1f1b-fp32-uneven",
-         "1f1b-bf16-uneven"])
-def test_every_rank_within_one_percent_of_torch(request: pytest.FixtureRequest, schedule: str, precision: str, layers: tuple[int, ...]) -> None:
-    if (schedule, precision, layers) == ("1f1b", "bf16-true", (3, 2, 2, 1)):
-        # a one-block last stage in bf16 is 7,168 B (1.06%) over at its last backward: an open gap
-        # in the last stage's logits/loss buffers, kept visible rather than hidden by a wider bound
-        request.applymarker(pytest.mark.xfail(strict=True, reason="bf16 one-block last stage: +1.06%"))
-    case = PipelineCase(MODEL, pp=PP, schedule=SCHEDULES[schedule], n_microbatches=M, seq_len=T,
+         "1f1b-bf16-uneven", "1f1b-fp32-m16"])
+def test_every_rank_within_one_percent_of_torch(schedule: str, precision: str, layers: tuple[int, ...],
+                                                m: int) -> None:
+    """First, middle and last rank within 1%. At 16 micro-batches the sent input gradients must be
+    one pending send, not one per micro-batch (keeping them all read +5.5% on the last rank)."""
+    case = PipelineCase(MODEL, pp=PP, schedule=SCHEDULES[schedule], n_microbatches=m, seq_len=T,
                         dtype=DTYPES[precision], layers_per_stage=list(layers) or None)
-    for rank, (ours, theirs) in _compare(_knobs(schedule, precision, layers), case, (0, 1, PP - 1)).items():
+    for rank, (ours, theirs) in _compare(_knobs(schedule, precision, layers, m=m), case, (0, 1, PP - 1)).items():
         assert ours == pytest.approx(theirs, rel=0.01), (rank, ours, theirs)
 
 
