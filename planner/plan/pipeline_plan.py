@@ -58,6 +58,24 @@ def stage_spans(n_stages: int, n_blocks: int, layers_per_stage: tuple[int, ...] 
     return spans_of(layers_per_stage) if layers_per_stage else even_spans(n_blocks, n_stages)
 
 
+# schedules whose micro-batches in flight are bounded (by pp and v, not m): their steady state
+# repeats, so a rank's walk over ``walked_micro_batches`` of them peaks where the whole step does
+# (tests/planner/test_pipeline_walk.py checks the peaks equal, every rank, against the full walk);
+# GPipe and LoopedBFS hold every micro-batch at once, and the zero-bubble schedules' deferred weight
+# halves peak later in longer steps (checked: their short walk read lower): those are walked whole
+BOUNDED = frozenset({PipelineSchedule.ONE_F_ONE_B, PipelineSchedule.INTERLEAVED_1F1B, PipelineSchedule.DUALPIPEV})
+
+
+def walked_micro_batches(schedule: PipelineSchedule, pp: int, n_micro_batches: int, virtual: int = 1) -> int:
+    """How many micro-batches a rank's memory walk visits: all of them, or for a bounded schedule
+    warm-up, two rounds of its steady state and cool-down (a multiple of ``pp``, at least
+    ``2 pp (v + 1)``), the rest counted on one steady-state micro-batch (``Event.repeats``)."""
+    if schedule not in BOUNDED:
+        return n_micro_batches
+    walked = 2 * pp * (virtual + 1)
+    return n_micro_batches if n_micro_batches <= walked + pp else walked
+
+
 def rank_schedule(schedule: PipelineSchedule, pp: int, n_micro_batches: int, rank: int,
                   sync_last: bool, virtual: int = 1) -> Schedule:
     """Pipeline rank ``rank``'s step as events, in torch's order, then the optimizer step; each
@@ -66,13 +84,18 @@ def rank_schedule(schedule: PipelineSchedule, pp: int, n_micro_batches: int, ran
     ``I`` does nothing and its ``W`` runs the whole backward (``stage.py``
     ``backward_one_chunk``, ``docs/pipeline_memory.md`` section 4). ``sync_last``: a stage reduces
     its gradients on its last backward only (DDP's ``no_sync`` on the others); otherwise every
-    backward does."""
-    actions = [c for a in rank_actions(schedule, pp, n_micro_batches, virtual)[rank] for c in a.computations()]
+    backward does. A bounded schedule's long step is walked over ``walked_micro_batches`` of its
+    micro-batches, the others counted on the middle one's events (``Event.repeats``)."""
+    walked = walked_micro_batches(schedule, pp, n_micro_batches, virtual)
+    actions = [c for a in rank_actions(schedule, pp, walked, virtual)[rank] for c in a.computations()]
     local = {stage: i for i, stage in enumerate(rank_stages(schedule, pp, virtual)[rank])}
     events = [e for a in actions for e in _events(a, local[a.stage])]
     last = {e.stage: i for i, e in enumerate(events) if e.phase is Phase.BACKWARD and e.part is not BackwardPart.INPUT}
     events = [replace(e, sync=not sync_last or i == last[e.stage]) if e.phase is Phase.BACKWARD else e
               for i, e in enumerate(events)]
+    if walked < n_micro_batches:  # the middle micro-batch stands for those not walked
+        middle, extra = walked // 2, n_micro_batches - walked
+        events = [replace(e, repeats=1 + extra) if e.micro_batch == middle else e for e in events]
     return Schedule(events=(*events, Event(n_micro_batches - 1, Phase.OPTIMIZER)), n_micro_batches=n_micro_batches,
                     sync_last=sync_last, holds_last=schedule in SINGLE_STAGE)
 
