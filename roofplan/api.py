@@ -28,14 +28,20 @@ from planner.model.sources import Workload, resolve
 from planner.parallel.collectives import ParallelConfig
 from planner.plan.checkpointing import CheckpointPolicy, SaveList, parse_save_list
 from planner.plan.knobs import GradSync, Knobs, parse_checkpoint_spec
-from planner.plan.layouts import LayoutRequest, check_fixed_request, checked_request, fixed_layout
+from planner.plan.layouts import (
+    LayoutRequest,
+    check_fixed_request,
+    checked_request,
+    fixed_layout,
+    pipeline_degrees,
+)
 from planner.plan.pipeline_schedules import PipelineSchedule
 from planner.precision import PrecisionPolicy
 from planner.program.estimate import estimate
 from planner.program.results import ModelSummary, ParetoPoint, PlanEntry, PlanResult, SearchStats
 from roofplan.infeasible import infeasible_error
 from roofplan.memory_cap import hbm_cap, headroom_bytes
-from roofplan.pipeline_flags import PIPELINE_NEEDS_FIXED, pipeline_layers, pipeline_schedule
+from roofplan.pipeline_flags import PipelineRequest, pipeline_request
 from roofplan.results import Plan
 
 if TYPE_CHECKING:  # search imports optuna: only when a search runs
@@ -147,10 +153,10 @@ def plan(
     save_list: str | SaveList | None = None,
     ep: int | None = None,
     headroom: str | int | float | None = None,
-    pp: int = 1,
+    pp: int | None = None,
     pp_schedule: str | PipelineSchedule | None = None,
     pp_layers: str | Sequence[int] | None = None,
-    pp_virtual: int = 1,
+    pp_virtual: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
@@ -172,7 +178,9 @@ def plan(
     trials, ``on_stage(text)`` names each longer step without trials (the smallest plan and the
     fewest GPUs, when nothing fits), ``on_progress(done, total)`` counts that step's work. ``pp`` > 1
     splits the blocks into that many pipeline stages (``pp_layers`` blocks each, else evenly) run by
-    ``pp_schedule`` (``roofplan.pipeline_flags``).
+    ``pp_schedule`` with ``pp_virtual`` stages per rank (``roofplan.pipeline_flags``); each left as
+    None is searched (pp over the degrees dividing the GPUs, the schedules of
+    ``search.space.SEARCHED_SCHEDULES``).
     """
     hw = system(hardware, gpus_per_node)
     ckpt_policy = _checkpoint_policy(checkpoint_policy)
@@ -185,10 +193,8 @@ def plan(
         save_list=save_list if isinstance(save_list, SaveList) else parse_save_list(save_list or "torchtitan"),
         grad_sync=_grad_sync(fsdp_grad_sync, gpus, zero_stage), allow_segments=allow_segments,
         layout=checked_request(model, LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tp, cp=cp, ep=ep,
-                                                    sp=sequence_parallel, pp=pp)),
-        pipeline=(pipeline_schedule(pp_schedule), pipeline_layers(pp_layers, pp, pp_virtual), pp_virtual))
-    if pp > 1 and not asked.fixed:
-        raise ConfigError(PIPELINE_NEEDS_FIXED)
+                                                    sp=sequence_parallel, pp=_pipeline_degree(model, hw, gpus, pp))),
+        pipeline=pipeline_request(pp_schedule, pp_layers, pp, pp_virtual))
     if asked.fixed:
         return _fixed_plan(model, training, asked)
     from search.study import SamplerKind, SearchOptions
@@ -201,6 +207,14 @@ def plan(
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error, "search options")) from None
     return _searched_plan(model, training, asked, options, on_trial, on_stage, on_progress)
+
+
+def _pipeline_degree(model: ModelConfig, hw: HardwareProfile, gpus: int, pp: int | None) -> int | None:
+    """``--pp``, or None where the search has pipeline degrees to try (``pipeline_degrees``: across
+    nodes), else 1 (one node: a request fixing every other degree is then fixed)."""
+    if pp is not None or gpus < 1:
+        return pp
+    return None if pipeline_degrees(model, gpus, None, hw.gpus_per_node) != (1,) else 1
 
 
 def _caps(hw: HardwareProfile, hbm: str | int | None, headroom: str | int | float | None) -> dict[str, int]:
@@ -225,7 +239,7 @@ class _Asked:
     grad_sync: GradSync
     allow_segments: bool
     layout: LayoutRequest
-    pipeline: tuple[PipelineSchedule, tuple[int, ...], int]  # schedule, blocks per stage, stages per rank
+    pipeline: PipelineRequest  # --pp-schedule, --pp-layers, --pp-virtual
 
     @property
     def fixed(self) -> bool:
@@ -248,7 +262,8 @@ def _fixed_plan(model: ModelConfig, training: TrainConfig, asked: _Asked) -> Pla
     request, micro_batch_size, policies = asked.layout, asked.micro_batch_size, asked.policies
     assert micro_batch_size is not None and policies is not None and asked.blocks is not None
     check_fixed_request(model, training, request, asked.hw.gpus_per_node)
-    per_rank = training.global_batch_size * (request.tp or 1) * (request.cp or 1) * request.pp // asked.gpus
+    pp = request.pp or 1
+    per_rank = training.global_batch_size * (request.tp or 1) * (request.cp or 1) * pp // asked.gpus
     if micro_batch_size <= 0 or per_rank % micro_batch_size:
         raise ConfigError(f"--micro-batch: {micro_batch_size} must be a positive divisor of the {per_rank} "
                           "sequences each data-parallel rank gets per step")
@@ -261,9 +276,9 @@ def _fixed_plan(model: ModelConfig, training: TrainConfig, asked: _Asked) -> Pla
         save_list=asked.save_list,
         parallel=fixed_layout(request),
         fsdp_grad_sync=asked.grad_sync,
-        pp_schedule=asked.pipeline[0],
-        pp_layers=asked.pipeline[1],
-        pp_virtual=asked.pipeline[2],
+        pp_schedule=asked.pipeline.schedule_or_default,
+        pp_layers=asked.pipeline.layers,
+        pp_virtual=asked.pipeline.virtual_or_default,
     )
     return estimate_plan(model, training, asked.hw, knobs, hbm=asked.cap, headroom=asked.headroom)
 
@@ -282,7 +297,9 @@ def _searched_plan(model: ModelConfig, training: TrainConfig, asked: _Asked, opt
                         asked.allow_segments, asked.gpus, request.zero_stage, asked.grad_sync,
                         tensor_parallel=request.tp, sequence_parallel=request.sp, context_parallel=request.cp,
                         checkpoint_policy=asked.checkpoint_policy, save_list=asked.save_list,
-                        expert_parallel=request.ep, on_left_out=_warn)
+                        expert_parallel=request.ep, on_left_out=_warn, pipeline_parallel=request.pp,
+                        pp_schedule=asked.pipeline.schedule, pp_virtual=asked.pipeline.virtual,
+                        pp_layers=asked.pipeline.layers)
     outcome = run_search(model, training, hw, cap, space, options, on_trial, on_stage, on_progress)
     summary = summarize_model(model)
     if outcome.best is None:

@@ -93,16 +93,17 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
                    help="expert-parallel degree on a mixture-of-experts model (torchtitan's: each MoE block's "
                         "experts split over N of FSDP2's data-parallel ranks, routed tokens exchanged by all-to-all); "
                         "searched if omitted over degrees dividing the experts and the data-parallel ranks")
-    p.add_argument("--pp", type=int, default=1,
+    p.add_argument("--pp", type=int, default=None,
                    help="pipeline-parallel degree (torch.distributed.pipelining): the blocks split into N stages, "
-                        "one per rank of a pipeline; the micro-batches are the accumulation steps. Priced, not "
-                        "searched: give the other knobs")
+                        "one per rank of a pipeline; the micro-batches are the accumulation steps. Searched if "
+                        "omitted over degrees dividing the GPUs (1 included)")
     p.add_argument("--pp-schedule", default=None, metavar="{gpipe,1f1b,...}",
-                   help="pipeline schedule: gpipe, 1f1b (default), interleaved-1f1b, looped-bfs, "
-                        "interleaved-zero-bubble, zbv-zero-bubble, dualpipev")
-    p.add_argument("--pp-virtual", type=int, default=1,
-                   help="pipeline stages per rank: the looped schedules' V (default 1); zbv-zero-bubble and "
-                        "dualpipev run 2")
+                   help="pipeline schedule: gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zero-bubble, "
+                        "zbv-zero-bubble, dualpipev; searched if omitted over 1f1b and interleaved-1f1b (1f1b "
+                        "when every other knob is fixed)")
+    p.add_argument("--pp-virtual", type=int, default=None,
+                   help="pipeline stages per rank for the looped schedules (default 2); gpipe and 1f1b run 1, "
+                        "zbv-zero-bubble and dualpipev 2")
     p.add_argument("--pp-layers", default=None, help="blocks per pipeline stage, e.g. 15,16,16,17 (default: even)")
     p.add_argument("--no-sequence-parallel", action="store_true",
                    help="tensor parallelism without sequence parallelism (norms, dropout and residuals on every "

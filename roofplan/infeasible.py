@@ -97,6 +97,8 @@ def scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, ca
         return None
     n, knobs = found
     flag = " --fsdp-grad-sync last" if knobs.fsdp_grad_sync is GradSync.LAST else ""
+    if knobs.parallel.pp > 1:
+        flag += f" --pp-schedule {knobs.pp_schedule.value}"
     policy = f" --checkpoint-policy {checkpoint_policy.value}" if checkpoint_policy is not None else ""
     return (f"it fits on {n} GPUs as {layout_label(knobs.parallel)} ({knobs.precision.value}, micro-batch "
             f"{knobs.micro_batch_size}): {as_flags(knobs.parallel)}{policy}{flag}")

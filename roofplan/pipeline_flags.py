@@ -1,26 +1,43 @@
-"""``--pp``, ``--pp-schedule`` and ``--pp-layers`` checked into the knobs a pipeline plan fixes.
+"""``--pp``, ``--pp-schedule``, ``--pp-virtual`` and ``--pp-layers`` checked into what a plan
+fixes of its pipeline.
 
-Pipeline plans are priced, not searched, for now: with ``--pp`` every other knob is fixed (the
-micro-batch, the precision, checkpointing; the layout's other degrees default to 1 and ZeRO-0),
-and the schedule is 1F1B unless ``--pp-schedule`` names another that is modelled
-(``planner.plan.pipeline_plan``), ``--pp-virtual`` stages per rank for the looped and V ones.
+Each flag left out is searched: ``--pp`` over the degrees dividing the GPUs (1 included), the
+schedule over ``search.space.SEARCHED_SCHEDULES``, the stages per rank at each schedule's default
+(``planner.plan.pipeline_schedules.default_virtual``). With every other knob fixed, a plan
+without ``--pp-schedule`` runs 1F1B.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from planner.errors import ConfigError
-from planner.plan.pipeline_schedules import PipelineSchedule
-
-PIPELINE_NEEDS_FIXED = ("--pp: a pipeline-parallel plan is priced with every other knob given (the search over "
-                        "pipeline plans is not modelled yet); add --micro-batch, one --precision and --checkpoint")
+from planner.plan.pipeline_schedules import PipelineSchedule, default_virtual
 
 
-def pipeline_schedule(value: str | PipelineSchedule | None) -> PipelineSchedule:
-    """``--pp-schedule`` (default 1f1b), refused in one line when unknown."""
+@dataclass(frozen=True)
+class PipelineRequest:
+    """The pipeline flags a request gives (None: left to the search or the default)."""
+
+    schedule: PipelineSchedule | None
+    layers: tuple[int, ...]  # blocks per stage, first stage first (empty: an even split)
+    virtual: int | None  # stages per rank
+
+    @property
+    def schedule_or_default(self) -> PipelineSchedule:
+        return self.schedule or PipelineSchedule.ONE_F_ONE_B
+
+    @property
+    def virtual_or_default(self) -> int:
+        return self.virtual if self.virtual is not None else default_virtual(self.schedule_or_default)
+
+
+def pipeline_schedule(value: str | PipelineSchedule | None) -> PipelineSchedule | None:
+    """``--pp-schedule`` (None: searched, or 1F1B with everything fixed), refused in one line when
+    unknown."""
     if value is None:
-        return PipelineSchedule.ONE_F_ONE_B
+        return None
     try:
         return PipelineSchedule(value)
     except ValueError:
@@ -28,12 +45,12 @@ def pipeline_schedule(value: str | PipelineSchedule | None) -> PipelineSchedule:
         raise ConfigError(f"--pp-schedule: {value!r} is not a schedule; use one of {names}") from None
 
 
-def pipeline_layers(value: str | Sequence[int] | None, pp: int, virtual: int = 1) -> tuple[int, ...]:
+def pipeline_layers(value: str | Sequence[int] | None, pp: int | None, virtual: int = 1) -> tuple[int, ...]:
     """``--pp-layers 15,16,16,...``: blocks per stage, first stage first (``()``: an even split);
     ``pp x virtual`` stages."""
     if value is None or value == "":
         return ()
-    if pp == 1:
+    if pp is None or pp == 1:
         raise ConfigError("--pp-layers: splits the blocks over pipeline stages; give --pp N too, or leave it out")
     try:
         layers = tuple(int(x) for x in value.split(",")) if isinstance(value, str) else tuple(int(x) for x in value)
@@ -44,3 +61,19 @@ def pipeline_layers(value: str | Sequence[int] | None, pp: int, virtual: int = 1
         raise ConfigError(f"--pp-layers: {value!r} must give {pp * virtual} block counts (one per stage: --pp x "
                           "--pp-virtual), each at least 1")
     return layers
+
+
+def pipeline_request(schedule: str | PipelineSchedule | None, layers: str | Sequence[int] | None, pp: int | None,
+                     virtual: int | None) -> PipelineRequest:
+    """The pipeline flags, each checked on its own (their combination is the schedule's to refuse,
+    ``planner.plan.pipeline_plan.check_modelled``)."""
+    if pp is not None and pp < 1:
+        raise ConfigError(f"--pp: {pp} pipeline ranks; use 1 or more, or leave it out to search it")
+    if virtual is not None and virtual < 1:
+        raise ConfigError(f"--pp-virtual: {virtual} stages per rank; use 1 or more")
+    chosen = pipeline_schedule(schedule)
+    if layers not in (None, "") and virtual is None and chosen is None:
+        virtual = 1  # an uneven split of --pp stages fixes one stage per rank: 1F1B
+    request = PipelineRequest(schedule=chosen, layers=(), virtual=virtual)
+    return PipelineRequest(schedule=chosen, layers=pipeline_layers(layers, pp, request.virtual_or_default),
+                           virtual=virtual)

@@ -42,6 +42,8 @@ def report_group(report: ValidationReport) -> Group:
         table.add_row(label, _value(key, p), _value(key, m), f"{error:+.2%}" if error is not None else "-",
                       f"±{limit:.1%}" if limit is not None else "-")
     parts: list[Text | Table] = [verdict, table]
+    if report.pipeline_ranks:
+        parts.append(_pipeline_table(report))
     if report.out_of_memory:
         at = report.allocated_at_failure_bytes
         parts.append(Text(f"out of memory: does not fit ({format_bytes(at) if at else 'unknown'} allocated)",
@@ -49,6 +51,26 @@ def report_group(report: ValidationReport) -> Group:
     for note in report.notes:
         parts.append(Text(f"· {note}", style="dim"))
     return Group(*parts)
+
+
+def _pipeline_table(report: ValidationReport) -> Table:
+    """Each pipeline rank: its stages and blocks, predicted vs measured peak, and where each peaks."""
+    limit = report.tolerances.get("peak_allocated")
+    table = Table(title="Peak allocated per pipeline rank" + (f" (tolerance ±{limit:.1%})" if limit else ""),
+                  title_justify="left", caption_justify="left",
+                  caption="* the plan's busiest rank; torch's actions: F, L, B (forward, loss, backward) of "
+                          "micro-batch k on stage s as Fk@ss, I/W a split backward's halves, OPT the optimizer step")
+    for column in ("rank", "stage: blocks", "predicted", "measured", "error", "planner's peak at", "torch's peak at"):
+        table.add_column(column, justify="right" if column in ("predicted", "measured", "error") else "left")
+    for rank in report.pipeline_ranks:
+        blocks = ", ".join(f"{s}: {a}-{b}" if a != b else f"{s}: {a}" for s, (a, b) in zip(rank.stages, rank.blocks,
+                                                                                          strict=True))
+        measured = rank.measured_peak_bytes
+        table.add_row(f"{rank.rank}{' *' if rank.busiest else ''}", blocks, format_bytes(rank.predicted_peak_bytes),
+                      format_bytes(measured) if measured is not None else "-",
+                      f"{rank.error:+.2%}" if rank.error is not None else "not measured", rank.predicted_at,
+                      rank.measured_at or "-")
+    return table
 
 
 def print_report(report: ValidationReport, console: Console | None = None) -> None:

@@ -50,6 +50,12 @@ def step_floor_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
 
 
 def _step_floor(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> int:
+    if knobs.parallel.pp > 1:  # the pipeline ranks split the model state: the busiest holds at least the average
+        return _whole_step_floor(model, training, hw, knobs) // knobs.parallel.pp
+    return _whole_step_floor(model, training, hw, knobs)
+
+
+def _whole_step_floor(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> int:
     spec = precision_spec(knobs.precision)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
     dims = knobs.parallel

@@ -38,6 +38,7 @@ from planner.program.step_program import StepProgram
 from planner.timing.op_times import TimeBreakdown
 from search.bounds import static_floor_at, static_floor_bytes
 from search.mixed import mixed_points
+from search.pipeline_points import least_memory_pipelined, pipelined_placement
 
 __all__ = ["Evaluation", "evaluate", "forward_floor_bytes", "least_memory_at", "segment_plans", "static_floor_bytes"]
 
@@ -143,6 +144,10 @@ def evaluate(
         est = estimate(model, training, hw, knobs, cap_bytes)
         point = ParetoPoint(step_time_s=est.step_time_s, device_bytes=est.memory.device_bytes, knobs=knobs)
         return Evaluation(chosen=point, points=(point,), cap_bytes=cap_bytes)
+    if base.parallel.pp > 1:  # placed per pipeline rank (search.pipeline_points)
+        chosen, priced, pruned = pipelined_placement(model, training, hw, cap_bytes, base, policies, prune,
+                                                     beat if prune else None)
+        return Evaluation(chosen=chosen, points=priced, cap_bytes=cap_bytes, pruned=pruned)
     check_knobs(model, training, hw, base)
     floor = device_bytes(peak_lower_bound(model, training, hw, base), hw)
     if prune and floor > cap_bytes:
@@ -293,6 +298,8 @@ def least_memory_at(
     if fixed_checkpoint is not None:
         knobs = base.model_copy(update={"checkpoint_blocks": fixed_checkpoint, "checkpoint_policy": policies[0]})
         return knobs, estimate(model, training, hw, knobs, None).memory.peak_allocated_bytes
+    if base.parallel.pp > 1:  # placed per pipeline rank (search.pipeline_points)
+        return least_memory_pipelined(model, training, hw, base, policies)
     floor = static_floor_at(model, training, hw, base)  # one graph per layout: the same at every micro-batch
     if above_bytes is not None and device_bytes(floor, hw) > above_bytes:
         return base, floor  # not one walk

@@ -14,7 +14,7 @@ from planner.errors import ConfigError
 from planner.model.config import ModelConfig, TrainConfig
 from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
 from planner.plan.knobs import GradSync, Knobs
-from planner.plan.layouts import MODELLED_STAGES, divisors, layout_at, scale_out_degrees
+from planner.plan.layouts import MODELLED_STAGES, divisors, layout_at, pipeline_degrees, scale_out_degrees
 from planner.precision import PrecisionPolicy
 from search.smallest import first_fitting
 from search.space import build_space
@@ -35,7 +35,7 @@ def fewest_gpus(
 ) -> tuple[int, Knobs] | None:
     """The smallest GPU count above ``start`` on which some plan fits, with the least sharding
     that makes it fit (data parallelism alone, ZeRO-0 to 3, then tensor parallelism, then context
-    parallelism, the smallest degree first); None if no count does. GPU counts are a divisor of
+    parallelism, then across nodes pipeline stages, the smallest degree first); None if no count does. GPU counts are a divisor of
     the global batch times a tensor-parallel degree the model allows inside a node times a
     context-parallel degree it allows (each rank keeping ``MIN_CONTEXT_SHARD_TOKENS`` of a
     sequence). With ``GradSync.LAST`` only ZeRO-2/3 are tried (the mode exists only there), priced
@@ -49,12 +49,14 @@ def fewest_gpus(
             continue
         if on_progress is not None:
             on_progress(tried - (len(counts) - len(above)), len(above))
-        layouts = [(stage, 1, 1) for stage in MODELLED_STAGES] + [
-            (stage, tp, 1) for tp in degrees if tp > 1 and not gpus % tp for stage in MODELLED_STAGES] + [
-            (stage, tp, cp) for cp in contexts if cp > 1 for tp in degrees if not gpus % (tp * cp)
-            for stage in MODELLED_STAGES]
-        for stage, tp, cp in layouts:
-            dims = layout_at(gpus, True, stage, tp, cp)  # None: no such layout (planner.plan.layouts)
+        layouts = [(stage, 1, 1, 1) for stage in MODELLED_STAGES] + [
+            (stage, tp, 1, 1) for tp in degrees if tp > 1 and not gpus % tp for stage in MODELLED_STAGES] + [
+            (stage, tp, cp, 1) for cp in contexts if cp > 1 for tp in degrees if not gpus % (tp * cp)
+            for stage in MODELLED_STAGES] + [
+            (stage, tp, 1, pp) for pp in pipeline_degrees(model, gpus, None, hw.gpus_per_node) if pp > 1
+            for tp in degrees if not gpus % (tp * pp) for stage in MODELLED_STAGES]
+        for stage, tp, cp, pp in layouts:
+            dims = layout_at(gpus, True, stage, tp, cp, 1, pp)  # None: no such layout (planner.plan.layouts)
             if dims is None:
                 continue
             fsdp = dims.shards_parameters
@@ -65,7 +67,7 @@ def fewest_gpus(
                                     zero_stage=stage,
                                     fsdp_grad_sync=fsdp_grad_sync if fsdp else GradSync.EVERY, tensor_parallel=tp,
                                     context_parallel=cp, checkpoint_policy=checkpoint_policy, save_list=save_list,
-                                    expert_parallel=None)
+                                    expert_parallel=None, pipeline_parallel=pp)
             except ConfigError:  # no policy of the request runs at this layout
                 continue
             found = first_fitting(model, training, hw, space, cap_bytes)

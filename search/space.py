@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from hardware.profile import HardwareProfile
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.model.config import AttentionImpl, ModelConfig, TrainConfig
+from planner.parallel.fsdp_pipeline import modelled_pipeline
 from planner.parallel.strategies import strategy_for
 from planner.plan.checkpointing import CONTEXT_PARALLEL_REFUSAL, TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
 from planner.plan.knobs import GradSync, Knobs
@@ -36,6 +37,8 @@ from planner.plan.layouts import (
     no_layout_refusal,
 )
 from planner.plan.parallel_dims import ParallelDims
+from planner.plan.pipeline_plan import check_modelled
+from planner.plan.pipeline_schedules import SINGLE_STAGE, PipelineSchedule, default_virtual
 from planner.precision import PrecisionPolicy, precision_spec
 
 # The default policy (README "Search"): by default only a policy that trains like the fp32
@@ -48,7 +51,13 @@ FALLBACK_PRECISIONS = (PrecisionPolicy.FP16_MIXED, PrecisionPolicy.FP32)
 
 MICRO_BATCH = "micro_batch_size"
 PRECISION = "precision"
-ZERO_STAGE, TP, CP, EP = SEARCHED  # the layout's dimensions: planner.plan.layouts' names
+PP_SCHEDULE = "pp_schedule"
+ZERO_STAGE, TP, CP, EP, PP = SEARCHED  # the layout's dimensions: planner.plan.layouts' names
+# the pipeline schedules tried where --pp-schedule is left out: 1F1B, and Interleaved1F1B at two stages
+# per rank (its bubble (p-1)/(2m) for a few more micro-batches in flight). GPipe and LoopedBFS hold
+# every micro-batch at once for the same bubble; the zero-bubble schedules are refused with
+# checkpointing (planner.plan.pipeline_plan.check_modelled) and fixed only on request
+SEARCHED_SCHEDULES = (PipelineSchedule.ONE_F_ONE_B, PipelineSchedule.INTERLEAVED_1F1B)
 Choice = int | str | bool
 Point = dict[str, Choice]
 
@@ -72,6 +81,9 @@ class SearchSpace(BaseModel):
     # the (tp, cp) pairs PyTorch runs here and that leave whole sequences to every data-parallel
     # rank (``planner.plan.layouts.layout_degrees``): the tp and cp dimensions' choices combine only as these
     layouts: tuple[tuple[int, int], ...] = ((1, 1),)
+    n_layers: int = 1  # the model's blocks: what pipeline stages split
+    pp_virtual: int | None = None  # fixed stages per pipeline rank (None: each schedule's default)
+    pp_layers: tuple[int, ...] = ()  # fixed blocks per stage (empty: an even split)
 
     # --- the dimensions -------------------------------------------------------------------
     @property
@@ -107,6 +119,16 @@ class SearchSpace(BaseModel):
     def expert_parallel(self) -> tuple[int, ...]:
         return tuple(int(c) for c in self.dimensions.get(EP, (1,)))
 
+    @property
+    def pipeline_parallel(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.dimensions.get(PP, (1,)))
+
+    def pipeline(self, point: Mapping[str, Any]) -> tuple[PipelineSchedule, int]:
+        """A point's pipeline schedule and stages per rank (``pp_virtual`` if fixed, else the
+        schedule's default: 2 for the looped and V ones, 1 for GPipe and 1F1B)."""
+        schedule = PipelineSchedule(str(point.get(PP_SCHEDULE, self.dimensions.get(PP_SCHEDULE, ("1f1b",))[0])))
+        return schedule, default_virtual(schedule) if self.pp_virtual is None else self.pp_virtual
+
     def key(self, point: Mapping[str, Any]) -> tuple[Choice, ...]:
         """A point as a hashable tuple, in dimension order."""
         return tuple(point[name] for name in self.names)
@@ -129,15 +151,33 @@ class SearchSpace(BaseModel):
 
     def allows(self, point: Mapping[str, Any]) -> bool:
         """Whether a point is a plan: its (tp, cp) pair is one of ``layouts``, its layout exists
-        (``planner.plan.layouts.layout_at``), its precision runs under its strategy and its micro-batch
-        divides each data-parallel rank's sequences."""
+        (``planner.plan.layouts.layout_at``), its precision runs under its strategy, its micro-batch
+        divides each data-parallel rank's sequences, and a pipeline's schedule runs that many
+        micro-batches over its stages (``check_modelled``; without a pipeline, only the first
+        schedule stands for the point)."""
         degrees = self.degrees(point)
         if (degrees[TP], degrees[CP]) not in self.layouts:
+            return False
+        if degrees[PP] == 1 and PP_SCHEDULE in self.dimensions and point[PP_SCHEDULE] != self.dimensions[PP_SCHEDULE][0]:
             return False
         layout = layout_at(self.world_size, self.sequence_parallel, **degrees)
         if layout is None or not strategy_for(layout).runs(PrecisionPolicy(point[PRECISION])):
             return False
-        return (self.global_batch_size // layout.data_parallel) % int(point[MICRO_BATCH]) == 0
+        if self.global_batch_size % layout.data_parallel:
+            return False
+        share = self.global_batch_size // layout.data_parallel
+        if share % int(point[MICRO_BATCH]):
+            return False
+        if layout.pp == 1:
+            return True
+        schedule, virtual = self.pipeline(point)
+        if layout.shards_parameters and not modelled_pipeline(schedule, virtual):
+            return False
+        try:
+            check_modelled(schedule, layout.pp, share // int(point[MICRO_BATCH]), self.n_layers, self.pp_layers, virtual)
+        except ConfigError:
+            return False
+        return True
 
     def points(self) -> Iterator[Point]:
         """Every allowed point, in dimension order."""
@@ -150,6 +190,8 @@ class SearchSpace(BaseModel):
         """The knobs of one point, checkpointing nothing; accumulation fills each rank's share."""
         layout = self.layout(point)
         mb = int(point[MICRO_BATCH])
+        schedule, virtual = self.pipeline(point)
+        pipelined = layout.pp > 1
         return Knobs(
             micro_batch_size=mb,
             grad_accum_steps=training.global_batch_size // (mb * layout.data_parallel),
@@ -157,6 +199,9 @@ class SearchSpace(BaseModel):
             parallel=layout,
             fsdp_grad_sync=self.fsdp_grad_sync if layout.shards_parameters else GradSync.EVERY,
             save_list=self.save_list,
+            pp_schedule=schedule if pipelined else PipelineSchedule.ONE_F_ONE_B,
+            pp_virtual=virtual if pipelined else 1,
+            pp_layers=self.pp_layers if pipelined else (),
         )
 
     # --- where the search starts and how it polishes ---------------------------------------
@@ -173,9 +218,10 @@ class SearchSpace(BaseModel):
     def neighbours(self, point: Mapping[str, Any]) -> list[Point]:
         """Adjacent micro-batches, then for each other choice of every other dimension the plans
         nearest the point with that choice (fewest other dimensions changed, then the nearest
-        micro-batch): a layout's choices are coupled (tensor parallelism needs FSDP2 beside it,
-        a micro-batch must divide the rank's share), so the same point with one choice changed
-        is often no plan while its nearest repair is."""
+        micro-batch), each also at the next smaller micro-batch: a layout's choices are coupled
+        (tensor parallelism needs FSDP2 beside it, a micro-batch must divide the rank's share, a
+        layout with less sharding needs a smaller micro-batch to fit), so the same point with one
+        choice changed is often no plan, or too big, while its nearest repair is not."""
         sizes = self.dimensions[MICRO_BATCH]
         i = sizes.index(point[MICRO_BATCH])
         out: list[Point] = [{**point, MICRO_BATCH: sizes[j]} for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
@@ -195,7 +241,12 @@ class SearchSpace(BaseModel):
                 candidates = [p for p in plans if p[name] == choice]
                 if candidates:
                     nearest = min(distance(p) for p in candidates)
-                    out += [p for p in candidates if distance(p) == nearest]
+                    found = [p for p in candidates if distance(p) == nearest]
+                    # and each at the next smaller micro-batch: another layout that does not fit at the
+                    # point's micro-batch often fits at a smaller one
+                    smaller = [{**p, MICRO_BATCH: sizes[sizes.index(p[MICRO_BATCH]) - 1]} for p in found
+                               if sizes.index(p[MICRO_BATCH]) > 0]
+                    out += found + [p for p in smaller if self.allows(p)]
         unique: dict[tuple[Choice, ...], Point] = {}
         for p in out:
             unique.setdefault(self.key(p), p)
@@ -222,6 +273,40 @@ def left_out_note(space: SearchSpace) -> str | None:
         return None
     return (f"--precision: {'; '.join(parts)}: FSDP2 is not modelled with it (it needs a sharded grad scaler for "
             "fp16 and Float8 training for fp8)")
+
+
+def _schedules(pps: tuple[int, ...], fixed: PipelineSchedule | None,
+               virtual: int | None) -> tuple[PipelineSchedule, ...]:
+    """The schedules a space tries: none without a pipeline degree above 1, the one fixed, or
+    ``SEARCHED_SCHEDULES`` (only the looped one when ``--pp-virtual`` asks for several stages per rank)."""
+    if pps == (1,):
+        return ()
+    if fixed is not None:
+        return (fixed,)
+    if virtual is not None and virtual > 1:
+        return tuple(s for s in SEARCHED_SCHEDULES if s not in SINGLE_STAGE)
+    return SEARCHED_SCHEDULES
+
+
+def _check_fixed_pipeline(model: ModelConfig, space: SearchSpace, schedules: tuple[PipelineSchedule, ...],
+                          shares: set[int], sizes: tuple[int, ...], blocks: tuple[int, ...] | None) -> None:
+    """With ``--pp`` fixed, refuse in one line what no point of the space could run: a schedule
+    torch refuses at the most micro-batches any point gives it, stages the blocks cannot fill, a
+    ``--pp-layers`` that does not fit, or a split-backward schedule with fixed checkpointing."""
+    pps = [pp for pp in space.pipeline_parallel if pp > 1]
+    if len(pps) != 1 or not schedules or not shares:
+        return
+    most = max(share // min(sizes) for share in shares)
+    refusals = []
+    for schedule in schedules:
+        virtual = space.pipeline({PP_SCHEDULE: schedule.value})[1]
+        try:
+            check_modelled(schedule, pps[0], most, model.n_layers, space.pp_layers, virtual,
+                           checkpointing=bool(blocks))
+        except ConfigError as error:
+            refusals.append(error)
+    if len(refusals) == len(schedules):  # every schedule refused: the first one's reason
+        raise refusals[0]
 
 
 def _plain(value: Any) -> Choice:
@@ -256,23 +341,32 @@ def build_space(
     save_list: SaveList = TORCHTITAN_SAVE_LIST,
     expert_parallel: int | None = 1,
     on_left_out: Callable[[str], None] | None = None,
+    pipeline_parallel: int | None = 1,
+    pp_schedule: PipelineSchedule | None = None,
+    pp_virtual: int | None = None,
+    pp_layers: tuple[int, ...] = (),
 ) -> SearchSpace:
     """The space: the layout (ZeRO stage, tensor-, context- and expert-parallel degrees on several GPUs),
     micro-batches that divide each data-parallel rank's share of the global batch (accumulation
     derived), the precisions the device runs; a knob given is fixed (``tensor_parallel``,
     ``context_parallel`` or ``expert_parallel`` None: searched; expert parallelism only on a model
-    with MoE blocks, over degrees that divide its experts). ``on_left_out(line)`` is told which
-    precisions the space leaves out of some or all of its layouts, and why (``left_out_note``)."""
+    with MoE blocks, over degrees that divide its experts; ``pipeline_parallel`` None: searched over
+    the degrees that divide the GPUs, each with ``pp_schedule`` or the ``SEARCHED_SCHEDULES``).
+    ``on_left_out(line)`` is told which precisions the space leaves out of some or all of its
+    layouts, and why (``left_out_note``)."""
     if checkpoint_policy is CheckpointPolicy.OPS and context_parallel != 1:
         if context_parallel is not None:
             raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
         context_parallel = 1  # the only degree the fixed policy runs with
     request = LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tensor_parallel, cp=context_parallel,
-                            ep=expert_parallel, sp=sequence_parallel)
+                            ep=expert_parallel, sp=sequence_parallel, pp=pipeline_parallel)
     choices = layout_choices(model, training, request, hw.gpus_per_node)
     rebuilt = (checkpoint_policy,) if checkpoint_policy is not None else default_checkpoint_policies(model)
     layouts = choices.tp_cp
-    shares = {training.global_batch_size * tp * cp // gpus for tp, cp in layouts}  # sequences per data-parallel rank
+    shares = {training.global_batch_size * tp * cp * pp // gpus for tp, cp in layouts for pp in choices.pp
+              if not gpus % (tp * cp * pp) and not training.global_batch_size % (gpus // (tp * cp * pp))}
+    # sequences per data-parallel rank
+    schedules = _schedules(choices.pp, pp_schedule, pp_virtual)
     if micro_batch_size is not None:
         if micro_batch_size <= 0 or not any(share % micro_batch_size == 0 for share in shares):
             per = " or ".join(str(share) for share in sorted(shares))
@@ -299,13 +393,17 @@ def build_space(
     def space_of(policies: tuple[PrecisionPolicy, ...]) -> SearchSpace:
         dimensions: dict[str, tuple[Choice, ...]] = {MICRO_BATCH: sizes, PRECISION: tuple(p.value for p in policies),
                                                      **choices.dimensions()}
+        if schedules:
+            dimensions[PP] = choices.pp  # also when fixed: the schedule's dimension goes with it
+            dimensions[PP_SCHEDULE] = tuple(s.value for s in schedules)
         return SearchSpace(dimensions=dimensions, world_size=gpus, global_batch_size=training.global_batch_size,
                            gpus_per_node=hw.gpus_per_node, fixed_checkpoint=checkpoint_blocks,
                            allow_segments=allow_segments, fsdp_grad_sync=fsdp_grad_sync,
                            sequence_parallel=sequence_parallel, checkpoint_policies=rebuilt, save_list=save_list,
-                           layouts=layouts)
+                           layouts=layouts, n_layers=model.n_layers, pp_virtual=pp_virtual, pp_layers=pp_layers)
 
     space = space_of(chosen)
+    _check_fixed_pipeline(model, space, schedules, shares, sizes, checkpoint_blocks)
     runnable = tuple(p for p in chosen if any(point[PRECISION] == p.value for point in space.points()))
     note = left_out_note(space) if on_left_out is not None and runnable else None
     if note is not None and on_left_out is not None:
@@ -320,5 +418,6 @@ def build_space(
     return space_of(runnable)
 
 
-__all__ = ["CP", "EP", "MICRO_BATCH", "MIN_CONTEXT_SHARD_TOKENS", "MODELLED_STAGES", "PRECISION", "TP", "ZERO_STAGE",
+__all__ = ["CP", "EP", "MICRO_BATCH", "MIN_CONTEXT_SHARD_TOKENS", "MODELLED_STAGES", "PP", "PP_SCHEDULE", "PRECISION",
+           "SEARCHED_SCHEDULES", "TP", "ZERO_STAGE",
            "Point", "SearchSpace", "build_space", "context_degrees", "divisors", "layout_degrees", "layout_refusal"]

@@ -69,11 +69,10 @@ def test_gpipe_holds_more_than_1f1b_on_the_first_stage() -> None:
 @pytest.mark.parametrize(("extra", "message"), [
     (("--gpus", "4", "--pp", "3"), "--pp: 3 must be a positive divisor"),
     (("--gpus", "4", "--pp", "2", "--pp-schedule", "dualpipev", "--pp-virtual", "2"), "4 stages for 2 blocks"),
-    (("--gpus", "4", "--pp", "2", "--pp-virtual", "2"), "runs one stage per rank, got 2"),
+    (("--gpus", "4", "--pp", "2", "--pp-schedule", "1f1b", "--pp-virtual", "2"), "runs one stage per rank, got 2"),
     (("--gpus", "4", "--pp", "2", "--pp-schedule", "zigzag"), "--pp-schedule: 'zigzag' is not a schedule"),
     (("--gpus", "4", "--pp", "2", "--pp-layers", "1,2"), "pp_layers: 1,2 must give 2 stages"),
     (("--gpus", "4", "--pp", "2", "--pp-layers", "a,b"), "--pp-layers: 'a,b' must be block counts"),
-    (("--gpus", "4", "--pp", "2", "--zero-stage", "3"), "pipeline parallelism with FSDP2"),
     (("--gpus", "4", "--pp-layers", "1,1"), "--pp-layers: splits the blocks over pipeline stages"),
 ])
 def test_impossible_pipelines_are_one_line(extra: tuple[str, ...], message: str) -> None:
@@ -93,6 +92,11 @@ def test_split_backward_refusals(schedule: str, checkpoint: str, global_batch: i
                  precisions=["fp32"], checkpoint=checkpoint)
 
 
-def test_a_pipeline_needs_the_other_knobs_fixed() -> None:
-    code, _, err = run("--model", "tiny-llama", "--gpus", "4", "--pp", "2")
-    assert code == 2 and "--pp: a pipeline-parallel plan is priced with every other knob given" in err
+def test_a_pipeline_degree_alone_searches_the_rest() -> None:
+    """``--pp 2`` fixes the pipeline; the micro-batch, precision, checkpointing, schedule and the
+    other degrees are searched, and the plan has two stages."""
+    code, out, err = run("--model", "tiny-llama", "--gpus", "4", "--pp", "2", "--json")
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert best["knobs"]["parallel"]["pp"] == 2 and len(best["estimate"]["stages"]) == 2
+    assert best["knobs"]["pp_schedule"] in ("1f1b", "interleaved-1f1b")

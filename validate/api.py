@@ -45,11 +45,9 @@ def validate(
         requested = RequestedMode(mode)
     except ValueError:
         raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run") from None
-    if plan.best.knobs.parallel.pp > 1:
-        raise ConfigError(f"validate: pipeline-parallel plans (pp {plan.best.knobs.parallel.pp}) cannot be run here yet; "
-                          "their per-stage memory is checked against torch.distributed.pipelining by "
-                          "tests/validate/test_pipeline_memory.py (validate/pipeline.py)")
     impl = _implementation(plan, implementation)
+    if plan.best.knobs.parallel.pp > 1:
+        return _validate_pipeline(plan, impl, requested, device, progress)
     if impl is not Implementation.REFERENCE:
         return _validate_implementation(plan, impl, requested, device, steps, hardware, progress)
     if plan.model.config.implementation is not Implementation.REFERENCE:
@@ -66,6 +64,27 @@ def validate(
         return simulate(plan, progress)
     profile = load_hardware(hardware) if hardware is not None else None
     return run(plan, device=device or "cuda", steps=steps, profile=profile, progress=progress)
+
+
+def _validate_pipeline(plan: PlanResult, impl: Implementation, mode: RequestedMode, device: str | None,
+                       progress: Progress | None) -> ValidationReport:
+    """A pipeline-parallel plan: every pipeline rank simulated (``validate.pipeline_validate``)."""
+    from validate.distributed import launched_by_torchrun
+    from validate.pipeline_validate import check_runnable, refuse_run, simulate_pipeline
+
+    if impl is not Implementation.REFERENCE:
+        raise ConfigError(f"--implementation: {impl.value} is not run under a pipeline; the reference model is split "
+                          "into the plan's stages: use --implementation reference")
+    if plan.model.config.implementation is not Implementation.REFERENCE:
+        from validate.hf_model import repriced
+
+        plan = repriced(plan, impl)  # the reference model runs it: priced for the reference
+    check_runnable(plan)
+    if mode is RequestedMode.RUN or (mode is RequestedMode.AUTO and launched_by_torchrun()):
+        refuse_run(plan)
+    if device == "cuda":
+        raise ConfigError("--device: a pipeline plan is simulated on the CPU under fake tensors; drop --device")
+    return simulate_pipeline(plan, progress)
 
 
 def _implementation(plan: PlanResult, requested: str | None) -> Implementation:

@@ -6,7 +6,9 @@ schedule on a fake process group of ``pp`` ranks (``init_process_group("fake")``
 receive completes at once and leaves its buffer as it was), counting every storage with the
 live-storage tracker (``validate.tracker``). Each forward (F), loss (L), full backward (B),
 backward-input (I) and backward-weight (W) of a micro-batch is recorded with its peak and the live
-bytes after it, split into categories (``CATEGORIES``) by what holds each storage.
+bytes after it, split into categories (``CATEGORIES``) by what holds each storage
+(``validate.pipeline_record``). A case can also carry what a plan adds (``validate.pipeline_validate``):
+autocast, checkpointing, the optimizer stepped after every step, DDP's resident gradients.
 
 What a lone rank cannot do on a fake group, and what replaces it (``fake_pipeline_group``):
 - the warm-up vote (``schedules.py:_warmup_p2p`` -> ``stage.py:_warmup_forward_vote``) reads a zero
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,8 +31,16 @@ from torch.distributed.pipelining import PipelineStage, schedules
 from torch.distributed.pipelining._utils import InferenceMode, _StageBackwardMeta, _StageForwardMeta, _TensorMeta
 
 from planner.model.config import ModelConfig
-from validate.pipeline_split import build_stage_models, pipeline_loss, stage_indices
-from validate.tracker import LiveStorageTracker
+from validate.pipeline_record import (  # noqa: F401  (re-exported: the harness's records)
+    CATEGORIES,
+    ActionRecord,
+    PipelineTracker,
+    StepRecord,
+    _Recorder,
+    classify,
+    in_flight,
+)
+from validate.pipeline_split import StageModel, build_stage_models, pipeline_loss, stage_indices
 
 # schedule class name -> (stages per rank it needs, None: any v >= 2 ; stage placement style)
 SCHEDULES: dict[str, tuple[int | None, str]] = {
@@ -38,8 +48,6 @@ SCHEDULES: dict[str, tuple[int | None, str]] = {
     "ScheduleLoopedBFS": (None, "loop"), "ScheduleInterleavedZeroBubble": (None, "loop"),
     "ScheduleZBVZeroBubble": (2, "v"), "ScheduleDualPipeV": (2, "v"),
 }
-CATEGORIES = ("params", "grads", "batch", "fwd_recv", "bwd_recv", "outputs", "input_grads", "loss",
-              "weight_state", "other")
 
 
 @dataclass(frozen=True)
@@ -62,10 +70,18 @@ class PipelineCase:
     dp_shard: int = 1  # > 1: every stage FSDP2-sharded over a data-parallel group (validate.pipeline_fsdp)
     reshard_after_forward: bool = False
     mixed_precision: bool = False  # FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+    autocast: torch.dtype | None = None  # each stage's forward under torch.autocast (a mixed policy without FSDP2)
+    prepare: Callable[[StageModel], None] | None = None  # applied to every stage module once built
+    optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None  # stepped after every step
+    keep_grads: bool = False  # gradients allocated up front and zeroed in place (DDP's buckets), not set to None
 
     @property
     def activation_dtype(self) -> torch.dtype:  # what flows between the stages
         return torch.bfloat16 if self.mixed_precision else self.dtype
+
+    @property
+    def logits_dtype(self) -> torch.dtype:  # the last stage's output: autocast's dtype under autocast
+        return self.autocast or self.activation_dtype
 
     @property
     def n_stages(self) -> int:
@@ -74,39 +90,6 @@ class PipelineCase:
     @property
     def style(self) -> str:
         return SCHEDULES[self.schedule][1]
-
-
-@dataclass
-class ActionRecord:
-    """One action of the rank: ``kind`` F/L/B/I/W (or "init": the schedule's stage set-up)."""
-
-    kind: str
-    stage: int
-    microbatch: int
-    live_before: int
-    peak_bytes: int
-    live_after: int
-    categories: dict[str, int]
-
-    @property
-    def added(self) -> int:
-        """Live bytes the action itself left behind (what ran between actions is not in it)."""
-        return self.live_after - self.live_before
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind}{self.microbatch}@s{self.stage}" if self.microbatch >= 0 else f"{self.kind}@s{self.stage}"
-
-
-@dataclass
-class StepRecord:
-    live_before: int
-    peak_bytes: int = 0
-    peak_categories: dict[str, int] = field(default_factory=dict)
-    peak_action: str = ""
-    actions: list[ActionRecord] = field(default_factory=list)
-    live_after: int = 0
-    categories_after: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -162,13 +145,16 @@ def _make_stages(case: PipelineCase, rank: int, group: Any = None) -> list[Pipel
     logits = (case.micro_batch, case.seq_len, case.config.vocab_size)
     stages = []
     for index, model in zip(indices, models, strict=True):
+        model.autocast = case.autocast
+        if case.prepare is not None:
+            case.prepare(model)
         example: dict[str, Any] = {}
         if case.metadata == "static":
             first, last = index == 0, index == case.n_stages - 1
             example["input_args"] = (torch.empty(hidden[:2], dtype=torch.long, device="meta") if first else
                                      torch.empty(hidden, dtype=case.activation_dtype, device="meta", requires_grad=True))
-            example["output_args"] = torch.empty(logits if last else hidden, dtype=case.activation_dtype,
-                                                 device="meta", requires_grad=True)
+            example["output_args"] = torch.empty(logits if last else hidden, device="meta", requires_grad=True,
+                                                 dtype=case.logits_dtype if last else case.activation_dtype)
         stages.append(PipelineStage(model, index, case.n_stages, torch.device("cpu"), group=group, **example))
     return stages
 
@@ -181,100 +167,6 @@ def _make_schedule(case: PipelineCase, stages: list[PipelineStage]) -> Any:
     if per_rank == 1:
         return cls(stages[0], case.n_microbatches, loss_fn=pipeline_loss)
     return cls(stages, case.n_microbatches, loss_fn=pipeline_loss)
-
-
-def classify(stages: list[PipelineStage], schedule: Any, batch: list[torch.Tensor],
-             live: dict[int, int]) -> dict[str, int]:
-    """Live bytes by what holds each storage (first match in ``CATEGORIES`` order; "other" is what
-    autograd saved for backward plus temporaries)."""
-    owner: dict[int, str] = {}
-
-    def mark(item: Any, category: str) -> None:
-        if isinstance(item, torch.Tensor):
-            owner.setdefault(id(item.untyped_storage()), category)
-        elif isinstance(item, list | tuple):
-            for inner in item:
-                mark(inner, category)
-        elif isinstance(item, dict):
-            for inner in item.values():
-                mark(inner, category)
-
-    params = [p for stage in stages for p in stage.submod.parameters()]
-    mark(params, "params")
-    mark([p.grad for p in params], "grads")
-    mark(batch, "batch")
-    for stage in stages:
-        for infos in stage.args_recv_info.values():
-            mark([info.buffer for info in infos], "fwd_recv")
-            mark([info.buffer.grad for info in infos if info.buffer is not None], "input_grads")
-        for infos in stage.grad_recv_info.values():
-            mark([info.buffer for info in infos], "bwd_recv")
-        mark([out for out, _ in stage.fwd_cache.values()], "outputs")
-        mark(stage.output_chunks, "outputs")
-        mark(list(stage.bwd_cache.values()), "input_grads")
-    mark(schedule._internal_losses, "loss")
-    for stage in stages:
-        for state in stage.backward_state.values():  # (inputs, param_groups, stage_output, output_grads)
-            mark([group.get("grads") for group in state[1] or ()], "weight_state")
-            mark(state[2], "outputs")
-            mark(state[3], "bwd_recv")
-    totals = dict.fromkeys(CATEGORIES, 0)
-    for key, n_bytes in live.items():
-        totals[owner.get(key, "other")] += n_bytes
-    return totals
-
-
-class PipelineTracker(LiveStorageTracker):
-    """The live-storage tracker, also splitting each new peak into categories (``classifier``)."""
-
-    def __init__(self, classifier: Callable[[dict[int, int]], dict[str, int]]) -> None:
-        super().__init__()
-        self.classifier = classifier
-        self.peak_categories: dict[str, int] = {}
-        self.classify_peaks = True
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        before = self.peak_bytes
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        if self.peak_bytes > before and self.classify_peaks:
-            self.peak_categories = self.classifier(self._live)
-        return out
-
-
-class _Recorder:
-    """Wraps the stages' actions and the schedule's loss and set-up to record each one."""
-
-    def __init__(self, tracker: PipelineTracker, classifier: Callable[[dict[int, int]], dict[str, int]]) -> None:
-        self.tracker, self.classifier = tracker, classifier
-        self.steps: list[StepRecord] = []
-
-    def _fold_peak(self, step: StepRecord, label: str) -> None:
-        if self.tracker.peak_bytes > step.peak_bytes:
-            step.peak_bytes, step.peak_action = self.tracker.peak_bytes, label
-            step.peak_categories = dict(self.tracker.peak_categories)
-
-    def run(self, kind: str, stage: int, microbatch: int, call: Callable[[], Any]) -> Any:
-        step = self.steps[-1]
-        self._fold_peak(step, "between actions")
-        self.tracker.reset_peak()
-        self.tracker.peak_categories = self.classifier(self.tracker._live)
-        before = self.tracker.live_bytes
-        out = call()
-        record = ActionRecord(kind, stage, microbatch, before, self.tracker.peak_bytes, self.tracker.live_bytes,
-                              self.classifier(self.tracker._live))
-        step.actions.append(record)
-        self._fold_peak(step, record.label)
-        return out
-
-    def begin_step(self) -> None:
-        self.tracker.reset_peak()
-        self.steps.append(StepRecord(live_before=self.tracker.live_bytes, peak_bytes=self.tracker.live_bytes,
-                                     peak_categories=self.classifier(self.tracker._live)))
-
-    def end_step(self) -> None:
-        step = self.steps[-1]
-        self._fold_peak(step, "between actions")
-        step.live_after, step.categories_after = self.tracker.live_bytes, self.classifier(self.tracker._live)
 
 
 def _fill_received(buffers: list[Any]) -> None:
@@ -332,7 +224,13 @@ def _instrument(stages: list[PipelineStage], schedule: Any, recorder: _Recorder)
 
 def run_steps(case: PipelineCase, schedule: Any, tracker: PipelineTracker, recorder: Any, steps: int,
               ids: torch.Tensor | None, targets: torch.Tensor | None, params: list[torch.Tensor]) -> None:
-    """``steps`` of ``schedule`` (first stage fed ``ids``, last ``targets``); gradients None between."""
+    """``steps`` of ``schedule`` (first stage fed ``ids``, last ``targets``), each followed by
+    ``case.optimizer``'s step if any (an "OPT" action); gradients None between steps, or zeroed in
+    place with ``case.keep_grads`` (allocated before the first step, as DDP's buckets are)."""
+    optimizer = case.optimizer(params) if case.optimizer is not None else None
+    if case.keep_grads:
+        for p in params:
+            p.grad = torch.zeros_like(p)
     for index in range(steps):
         tracker.classify_peaks = index == steps - 1
         recorder.begin_step()
@@ -340,9 +238,14 @@ def run_steps(case: PipelineCase, schedule: Any, tracker: PipelineTracker, recor
         schedule.step(*((ids,) if ids is not None else ()), target=targets,
                       losses=losses if targets is not None else None, return_outputs=case.return_outputs)
         del losses
+        if optimizer is not None:
+            recorder.run("OPT", -1, -1, optimizer.step)
         recorder.end_step()
         for p in params:
-            p.grad = None
+            if case.keep_grads and p.grad is not None:
+                p.grad.zero_()
+            else:
+                p.grad = None
 
 
 def measure_rank(case: PipelineCase, rank: int, steps: int = 2) -> RankMeasurement:
@@ -373,29 +276,3 @@ def measure_rank(case: PipelineCase, rank: int, steps: int = 2) -> RankMeasureme
                       targets if has_last else None, params)
         param_bytes = sum(tracker._live.get(id(p.untyped_storage()), 0) for p in params)
         return RankMeasurement(case, rank, [s.stage_index for s in stages], param_bytes, recorder.steps)
-
-
-def in_flight(step: StepRecord) -> list[int]:
-    """After each action, the micro-batches whose forward ran and whose activations are still
-    held (their full backward, or their backward-weight, has not run yet), over the rank's stages."""
-    held: set[tuple[int, int]] = set()
-    counts = []
-    for action in step.actions:
-        if action.kind == "F":
-            held.add((action.stage, action.microbatch))
-        elif action.kind in ("B", "W"):
-            held.discard((action.stage, action.microbatch))
-        counts.append(len(held))
-    return counts
-
-
-def format_step(step: StepRecord, shown: tuple[str, ...] = CATEGORIES) -> str:
-    """One line per action: label, peak during it, live after, and the non-zero categories."""
-    def cats(values: dict[str, int]) -> str:
-        return ", ".join(f"{k} {v:,}" for k, v in values.items() if v and k in shown)
-
-    return "\n".join([f"before {step.live_before:>12,}   peak {step.peak_bytes:>12,} at {step.peak_action}: "
-                      + cats(step.peak_categories),
-                      *(f"{a.label:>10} peak {a.peak_bytes:>12,} after {a.live_after:>12,}  {cats(a.categories)}"
-                        for a in step.actions),
-                      f"after  {step.live_after:>12,}  " + cats(step.categories_after)])

@@ -7,7 +7,10 @@ of blocks (under their original names); the loss is not part of any stage but th
 ``loss_fn`` on the last stage's output (the logits). ``StageModel`` is that, for
 ``validate.reference_model.Transformer``: it holds the owned submodules of a freshly built model
 and runs them as ``Transformer.forward`` does (the rotary tables and the eager mask are rebuilt
-by every stage, as torchtitan's stages each hold their own ``freqs_cis``).
+by every stage, as torchtitan's stages each hold their own ``freqs_cis``), with a plan's
+checkpointing on its blocks (``checkpoint_stage``: ``torch.utils.checkpoint`` units as
+``validate.checkpoint`` applies them to the whole model) and, for a mixed policy, its forward
+under ``torch.autocast`` (``StageModel.autocast``; the loss stays outside, fp32).
 
 Stage ``s`` of ``pp * v`` lives on rank ``s % pp`` ("loop" style: GPipe, 1F1B, Interleaved1F1B,
 LoopedBFS, InterleavedZeroBubble) or, with v = 2, on rank ``s`` for ``s < pp`` and ``2pp-1-s``
@@ -17,12 +20,19 @@ after ("v" style: ZBVZeroBubble, DualPipeV), as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from planner.model.config import AttentionImpl, ModelConfig, PositionKind
-from validate.reference_model import Transformer, build_model
+from planner.plan.checkpointing import CheckpointPolicy
+from planner.plan.knobs import Knobs
+from validate.checkpoint import selective_context_fn
+from validate.reference_model import AttentionCore, Transformer, build_model
 
 
 def split_layers(n_layers: int, n_stages: int, layers_per_stage: tuple[int, ...] | None = None) -> list[range]:
@@ -67,6 +77,11 @@ class StageModel(nn.Module):
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})
         self.final_norm = model.final_norm if last else None
         self.lm_head = model.lm_head if last else None
+        self.autocast: torch.dtype | None = None  # the forward under torch.autocast in this dtype
+        # checkpoint units first -> last (blocks run under one non-reentrant torch.utils.checkpoint), each
+        # with ``checkpoint_contexts[first]`` as its context_fn if set: ``checkpoint_stage``
+        self.checkpoint_units: dict[int, int] = {}
+        self.checkpoint_contexts: dict[int, Callable[[], Any]] = {}
 
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return Transformer.rope_tables(self, positions, dtype)  # type: ignore[arg-type]
@@ -82,6 +97,19 @@ class StageModel(nn.Module):
         return causal, window
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.autocast is None:
+            return self._forward(x)
+        with torch.autocast(x.device.type, dtype=self.autocast):
+            return self._forward(x)
+
+    def _run_blocks(self, first: int, last: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                    masks: tuple[torch.Tensor | None, torch.Tensor | None]) -> torch.Tensor:
+        for index in range(first, last + 1):
+            block = self.blocks[str(index)]
+            x = block(x, rope, masks[1] if block.windowed else masks[0])
+        return x
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         seq_len = x.shape[1]
         if self.embed is not None:
             x = self.embed(x)
@@ -93,11 +121,41 @@ class StageModel(nn.Module):
         if self.config.positions is PositionKind.ROTARY and len(self.blocks):
             rope = self.rope_tables(torch.arange(seq_len, device=x.device, dtype=torch.float32), x.dtype)
         causal, window = self._masks(seq_len, x.device)
-        for block in self.blocks.values():
-            x = block(x, rope, window if block.windowed else causal)
+        indices = [int(i) for i in self.blocks]
+        at = 0
+        while at < len(indices):  # as ``Transformer.forward`` runs its blocks and checkpoint units
+            first = indices[at]
+            last = self.checkpoint_units.get(first, first)
+            if first in self.checkpoint_units:
+                windowed = [self.blocks[str(i)].windowed for i in range(first, last + 1)]
+                masks = (causal if not all(windowed) else None, window if any(windowed) else None)
+                context = self.checkpoint_contexts.get(first)
+                extra = {"context_fn": context} if context is not None else {}
+                x = torch.utils.checkpoint.checkpoint(self._run_blocks, first, last, x, rope, masks,
+                                                      use_reentrant=False, **extra)
+            else:
+                x = self._run_blocks(first, first, x, rope, (causal, window))
+            at += last - first + 1
         if self.lm_head is not None and self.final_norm is not None:
             x = self.lm_head(self.final_norm(x))
         return x
+
+
+def checkpoint_stage(model: StageModel, knobs: Knobs) -> None:
+    """A plan's checkpointing on the stage's blocks, as ``validate.checkpoint.apply_checkpointing``
+    applies it to the whole model: each planned block (and segment) with its policy."""
+    overrides = knobs.policy_overrides
+    policy_of = {b: overrides.get(b, knobs.checkpoint_policy) for b in knobs.checkpoint_blocks}
+    cores = {b for b, p in policy_of.items() if p is CheckpointPolicy.ATTENTION}
+    for index, block in model.blocks.items():
+        core = block.get_submodule("attn.core")
+        assert isinstance(core, AttentionCore)
+        core.checkpointed = int(index) in cores
+    units = {(b, b) for b in policy_of if b not in cores} | set(knobs.checkpoint_segments)
+    owned = {int(i) for i in model.blocks}
+    model.checkpoint_units = {first: last for first, last in sorted(units) if first in owned}
+    model.checkpoint_contexts = {b: selective_context_fn(knobs.save_list) for b, p in policy_of.items()
+                                 if p is CheckpointPolicy.OPS and b in owned}
 
 
 def pipeline_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,22 @@ class Figures(BaseModel):
     reserved_bytes: int | None = Field(default=None, description="torch.cuda.max_memory_reserved (CUDA only)")
 
 
+class RankComparison(BaseModel):
+    """One pipeline rank: the planner's peak for it (``best.estimate.stages``) against the peak
+    measured running its stages under torch.distributed.pipelining (None: not measured)."""
+
+    model_config = ConfigDict(frozen=True)
+    rank: int
+    stages: tuple[int, ...]
+    blocks: tuple[tuple[int, int], ...]  # each stage's (first, last) block
+    predicted_peak_bytes: int
+    measured_peak_bytes: int | None = None
+    error: float | None = Field(default=None, description="measured / predicted - 1")
+    predicted_at: str = ""  # the planner's op and phase at the peak
+    measured_at: str = ""  # torch's action at the peak (F/L/B/I/W<micro-batch>@s<stage>, OPT: optimizer step)
+    busiest: bool = False  # the plan's busiest rank (its peak is the plan's)
+
+
 class ValidationReport(BaseModel):
     """What ``validate`` found for one plan."""
 
@@ -65,6 +81,8 @@ class ValidationReport(BaseModel):
     notes: tuple[str, ...] = ()
     verdict: Verdict
     per_rank: tuple[Figures, ...] = Field(default=(), description="each rank's figures (several GPUs)")
+    pipeline_ranks: tuple[RankComparison, ...] = Field(default=(), description="each pipeline rank, predicted vs "
+                                                       "measured (pipeline-parallel plans)")
 
     @property
     def passed(self) -> bool:
@@ -79,9 +97,11 @@ def relative_error(measured: float | None, predicted: float | None) -> float | N
 
 
 def judge(
-    predicted: Figures, measured: Figures, tolerances: dict[str, float], fits: bool
+    predicted: Figures, measured: Figures, tolerances: dict[str, float], fits: bool,
+    ranks: tuple[RankComparison, ...] = (),
 ) -> tuple[dict[str, float], Verdict, tuple[str, ...]]:
-    """Errors for every measured figure, and pass only if it fits and each is within tolerance."""
+    """Errors for every measured figure, and pass only if it fits and each is within tolerance
+    (every measured pipeline rank's peak too)."""
     pairs = {
         "peak_allocated": (measured.peak_allocated_bytes, predicted.peak_allocated_bytes),
         "step_time": (measured.step_time_s, predicted.step_time_s),
@@ -97,6 +117,11 @@ def judge(
         limit = tolerances.get(key)
         if limit is not None and abs(error) > limit:
             reasons.append(f"{key} off by {error:+.1%} (tolerance ±{limit:.0%})")
+    limit = tolerances.get("peak_allocated")
+    for rank in ranks:
+        if rank.error is not None and limit is not None and abs(rank.error) > limit:
+            reasons.append(f"pipeline rank {rank.rank}: peak_allocated off by {rank.error:+.1%} "
+                           f"(tolerance ±{limit:.0%})")
     if not fits:
         reasons.insert(0, "does not fit: the step ran out of memory")
     return errors, (Verdict.FAIL if reasons else Verdict.PASS), tuple(reasons)

@@ -28,7 +28,7 @@ from planner.program.results import PlanResult
 from validate.apply import configure_model, make_optimizer, make_scaler, optimizer_state, param_dtype, train_step
 from validate.flops import flop_counter
 from validate.reference_model import build_model
-from validate.report import TOLERANCES, Figures, Mode, ValidationReport, judge
+from validate.report import TOLERANCES, Figures, Mode, RankComparison, ValidationReport, judge
 from validate.simulate import (
     Progress,
     flash_with_dropout,
@@ -53,11 +53,12 @@ def _predicted(est: Estimate) -> Figures:
 
 def build_report(plan: PlanResult, mode: Mode, device: str, steps: int, predicted: Figures, measured: Figures,
                  fits: bool, notes: tuple[str, ...] = (), oom: bool = False, allocated: int | None = None,
-                 tolerances: dict[str, float] | None = None, per_rank: tuple[Figures, ...] = ()) -> ValidationReport:
+                 tolerances: dict[str, float] | None = None, per_rank: tuple[Figures, ...] = (),
+                 pipeline_ranks: tuple[RankComparison, ...] = ()) -> ValidationReport:
     """The report of one validation; ``tolerances`` default to the mode's and device's."""
     if tolerances is None:
         tolerances = TOLERANCES[(mode, "cuda" if device.startswith("cuda") else "cpu")]
-    errors, verdict, reasons = judge(predicted, measured, tolerances, fits)
+    errors, verdict, reasons = judge(predicted, measured, tolerances, fits, pipeline_ranks)
     return ValidationReport(
         model=plan.model.name,
         hardware=plan.hardware.name,
@@ -76,6 +77,7 @@ def build_report(plan: PlanResult, mode: Mode, device: str, steps: int, predicte
         notes=notes + reasons,
         verdict=verdict,
         per_rank=per_rank,
+        pipeline_ranks=pipeline_ranks,
     )
 
 

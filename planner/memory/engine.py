@@ -9,12 +9,15 @@ these; it never branches on a strategy. Three engines exist:
   into in place by the later ones (``zero_grad(set_to_none=True)`` after the step frees them);
 - ``ResidentGradients`` (DDP, ZeRO-1): ``gradient_as_bucket_view=True`` keeps every gradient in
   DDP's buckets, allocated once, for the whole step;
-- ``planner.parallel.fsdp_units.FsdpEngine`` (ZeRO-2/3): each unit's gradients appear in its backward and are
-  reduce-scattered and freed at its post-backward; the sharded gradients persist.
+- ``planner.parallel.fsdp_engine.FsdpEngine`` (ZeRO-2/3): each unit's gradients appear in its backward and are
+  reduce-scattered and freed at its post-backward; the sharded gradients persist (under a
+  pipeline, ``planner.parallel.fsdp_pipeline.PipelinedFsdpEngine``: kept unsharded until one
+  reduce-scatter after the stage's last backward).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.memory.prepared import Prepared
@@ -67,8 +70,14 @@ class Accumulate:
     memory_depends_on_sync = False  # whether a backward that syncs gradients allocates otherwise
     grads_resident = False  # every gradient exists for the whole step
 
-    def hooks(self, prep: Prepared, static: StaticMemory) -> EngineHooks:
+    def hooks(self, prep: Prepared, static: StaticMemory, stage: int = 0) -> EngineHooks:
+        """The hooks of one walk of a step, for the rank's ``stage``-th pipeline stage (0 without one)."""
         return EngineHooks(prep, static)
+
+    def joined(self, others: Sequence[Accumulate]) -> Accumulate:
+        """The engine of a rank holding several pipeline stages: this stage's and ``others``'
+        (engines that keep per-stage state, FSDP2's under a pipeline, hold every stage's)."""
+        return self
 
 
 class _ResidentHooks(EngineHooks):
@@ -92,7 +101,7 @@ class ResidentGradients(Accumulate):
 
     grads_resident = True
 
-    def hooks(self, prep: Prepared, static: StaticMemory) -> EngineHooks:
+    def hooks(self, prep: Prepared, static: StaticMemory, stage: int = 0) -> EngineHooks:
         return _ResidentHooks(prep, static)
 
 

@@ -153,8 +153,8 @@ def simulate_step(
     events = schedule.events if engine.memory_depends_on_sync else schedule.ignoring_sync().events
     live = live if live is not None else Live(record_trace)
     # each stage's hooks know its own gradients; what the rank holds from the start is added once
-    hooks = [engine.hooks(prep, replace(static, grads_bytes=grads_bytes_of(g, round_bytes)) if others else static)
-             for prep, g in zip(preps, graphs, strict=True)]
+    hooks = [engine.hooks(prep, replace(static, grads_bytes=grads_bytes_of(g, round_bytes)) if others else static, i)
+             for i, (prep, g) in enumerate(zip(preps, graphs, strict=True))]
     engine.hooks(preps[0], static).start_step(live)
     live.observe(Phase.FORWARD, "start")
     activations = logits = 0

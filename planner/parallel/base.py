@@ -64,6 +64,11 @@ class SingleDevice:
         """This rank's data-parallel collectives around one micro-batch (``planner.timing.step_time``)."""
         return NO_COLLECTIVES
 
+    def once_per_step(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> Collectives:
+        """A pipeline stage's collectives issued once per step, around its first forward and after
+        its last backward (FSDP2 under a pipeline: its all-gathers and reduce-scatters)."""
+        return NO_COLLECTIVES
+
     def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> float:
         """Bytes this rank's data-parallel collectives send in one step."""
         return 0.0

@@ -45,13 +45,15 @@ class FsdpEngine(Accumulate):
     layout: FsdpLayout | None = None
     memory_depends_on_sync = True  # a backward without sync keeps its unsharded gradients
 
-    def hooks(self, prep: Prepared, static: StaticMemory) -> EngineHooks:
+    def hooks(self, prep: Prepared, static: StaticMemory, stage: int = 0) -> EngineHooks:
         assert self.layout is not None
-        return _FsdpHooks(self.layout, prep, static)
+        return FsdpHooks(self.layout, prep, static)
 
 
-class _FsdpHooks(EngineHooks):
+class FsdpHooks(EngineHooks):
     """FSDP2's buffers around the walk of one step (the object lives across micro-batches)."""
+
+    reshards_after_backward = True  # a unit's post-backward frees its gathered parameters
 
     def __init__(self, layout: FsdpLayout, prep: Prepared, static: StaticMemory) -> None:
         super().__init__(prep, static)
@@ -161,7 +163,8 @@ class _FsdpHooks(EngineHooks):
         up to the reduce dtype one parameter at a time under a MixedPrecisionPolicy
         (``to_accumulated_grad_if_needed``), else as the parameters' ``.grad``."""
         live = walk.live
-        live.add(_PARAMS, -unit.unsharded_bytes)
+        if self.reshards_after_backward:
+            live.add(_PARAMS, -unit.unsharded_bytes)
         if held:
             self.held[unit.name] = held
             return

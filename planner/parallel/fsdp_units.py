@@ -212,7 +212,8 @@ def _upcast_peak(upcast: list[int], compute: list[int]) -> int:
     return max((sum(upcast[:k + 1]) + sum(compute[k:]) for k in range(len(upcast))), default=0)
 
 
-def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: ParallelConfig) -> Collectives:
+def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: ParallelConfig,
+                     pipelined: bool = False) -> Collectives:
     """The collectives FSDP2 issues around one micro-batch (ring model, per rank).
 
     Every micro-batch all-gathers every unit for its forward (ZeRO-3: the blocks and the root
@@ -220,6 +221,10 @@ def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: Parallel
     FSDP2 overlaps a unit's all-gather with the previous unit's compute and a reduce-scatter with
     the next unit's backward; nothing runs before the root's all-gather, nor after its
     reduce-scatter (autograd's final callback): ``planner.timing.step_time`` places them so.
+
+    ``pipelined``: a pipeline stage's, issued once per step (``planner.parallel.fsdp_pipeline``):
+    the forward ones around its first forward, every reduce-scatter (the root's first) after its
+    last backward, where ``perform_reduce_grad`` runs them and its final callback waits for them.
     """
     root, blocks = layout.root, [u for u in layout.units if u.block is not None]
 
@@ -227,6 +232,7 @@ def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: Parallel
         """The units' collectives, each over its own mesh: the expert units' ranks (dp_shard / ep)
         are every ep-th of the data-parallel ranks, so fewer of them share a node."""
         total = 0.0
+        units = [u for u in units if u.params]  # a stage root without parameters has no group: no collective
         for ranks in sorted({u.world_size or parallel.world_size for u in units}):
             group = [u for u in units if (u.world_size or parallel.world_size) == ranks]
             stride = max(1, parallel.world_size // ranks)
@@ -237,25 +243,33 @@ def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: Parallel
     def gather(units: Sequence[ShardUnit]) -> float:
         return over(units, Collective.ALL_GATHER, lambda u: u.gather_output_bytes)
 
+    scatter = over(blocks, Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes)
+    scatter_root = over([root], Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes)
+    if pipelined:
+        return Collectives(before_forward_s=gather([root]), during_forward_s=gather(blocks),
+                           after_sync_backward_s=scatter_root + scatter)
     stage3 = layout.stage == 3
     return Collectives(
         before_forward_s=gather([root]),
         during_forward_s=gather(blocks),
         before_backward_s=gather([root]) if stage3 else 0.0,
         during_backward_s=gather(blocks) if stage3 else 0.0,
-        during_sync_backward_s=over(blocks, Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes),
-        after_sync_backward_s=over([root], Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes),
+        during_sync_backward_s=scatter,
+        after_sync_backward_s=scatter_root,
     )
 
 
-def fsdp_bytes_moved(layout: FsdpLayout, parallel: ParallelConfig, grad_accum_steps: int) -> float:
+def fsdp_bytes_moved(layout: FsdpLayout, parallel: ParallelConfig, grad_accum_steps: int,
+                     pipelined: bool = False) -> float:
     """Bytes one rank sends in a step: every micro-batch's all-gathers (twice under ZeRO-3), the
-    syncing micro-batches' reduce-scatters (ring: (N-1)/N of each collective's buffer)."""
-    syncing = 1 if layout.grad_sync is GradSync.LAST else grad_accum_steps
+    syncing micro-batches' reduce-scatters (ring: (N-1)/N of each collective's buffer); a
+    ``pipelined`` stage gathers and reduce-scatters once per step."""
+    syncing = 1 if layout.grad_sync is GradSync.LAST or pipelined else grad_accum_steps
     factor = (parallel.world_size - 1) / parallel.world_size
-    gathered = sum(u.gather_output_bytes for u in layout.units) * (2 if layout.stage == 3 else 1)
+    gathers = 1 if pipelined else grad_accum_steps * (2 if layout.stage == 3 else 1)
+    gathered = sum(u.gather_output_bytes for u in layout.units)
     scattered = sum(u.reduce_input_bytes for u in layout.units)
-    return factor * (grad_accum_steps * gathered + syncing * scattered)
+    return factor * (gathers * gathered + syncing * scattered)
 
 
 def shard_fraction(layout: FsdpLayout, n_params: int) -> float:

@@ -44,10 +44,16 @@ from planner.plan.layout_rules import (
 from planner.plan.parallel_dims import NOT_MODELLED, ParallelDims, Sharding
 
 MODELLED_STAGES = (0, 1, 2, 3)
+# the deepest pipeline the search tries (--pp fixes any): Llama 3 405B trained with PP 16 (Dubey et
+# al. 2024, "The Llama 3 Herd of Models", arXiv 2407.21783, Table 4), torchtitan's 405B recipe with
+# PP 8; a search over deeper ones walks a rank per stage for little a 16-stage one does not offer
+MAX_SEARCHED_PP = 16
+MIN_BLOCKS_PER_STAGE = 2  # searched stages of one block are all embedding or head
 # the degrees a search chooses, by the names of ``ParallelDims.data_parallel_of``'s arguments (and
 # of the search space's dimensions and the CLI's flags), outermost first
-SEARCHED = ("zero_stage", "tp", "cp", "ep")
-_FLAGS = {"parallel.tp": "--tp", "parallel.sp": "--no-sequence-parallel", "parallel.cp": "--cp", "parallel.ep": "--ep"}
+SEARCHED = ("zero_stage", "tp", "cp", "ep", "pp")
+_FLAGS = {"parallel.tp": "--tp", "parallel.sp": "--no-sequence-parallel", "parallel.cp": "--cp", "parallel.ep": "--ep",
+          "parallel.pp": "--pp"}
 # the most sharding any layout here reaches (the advice when more GPUs do not help)
 MOST_SHARDING = (f"sharding everything (ZeRO-3, FSDP2) over as many GPUs as the global batch has sequences, with "
                  f"tensor and sequence parallelism inside a node and context parallelism down to "
@@ -57,7 +63,7 @@ NOT_MODELLED_NOTE = "(pipeline parallelism is not modelled yet)" if "pp" in NOT_
 
 class LayoutRequest(BaseModel):
     """The layout a request fixes, as ``roofplan plan``'s flags and ``api.plan``'s arguments give
-    it: ``--gpus``, and ``--zero-stage``, ``--tp``, ``--cp``, ``--ep`` (None: searched)."""
+    it: ``--gpus``, and ``--zero-stage``, ``--tp``, ``--cp``, ``--ep``, ``--pp`` (None: searched)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     gpus: int = 1
@@ -66,12 +72,12 @@ class LayoutRequest(BaseModel):
     cp: int | None = None
     ep: int | None = None
     sp: bool = True  # sequence parallelism beside tensor parallelism (--no-sequence-parallel: False)
-    pp: int = 1  # pipeline stages (--pp): fixed, never searched
+    pp: int | None = 1  # pipeline ranks (--pp; None: searched)
 
     @property
     def fixed(self) -> bool:
         """Every degree given (one GPU fixes them all)."""
-        return self.gpus == 1 or None not in (self.zero_stage, self.tp, self.cp, self.ep)
+        return self.gpus == 1 or None not in (self.zero_stage, self.tp, self.cp, self.ep, self.pp)
 
 
 class LayoutChoices(BaseModel):
@@ -84,10 +90,11 @@ class LayoutChoices(BaseModel):
     zero_stages: tuple[int, ...]
     tp_cp: tuple[tuple[int, int], ...]  # the (tp, cp) pairs the model runs that leave whole sequences per rank
     ep: tuple[int, ...] = (1,)
+    pp: tuple[int, ...] = (1,)
 
     def dimensions(self) -> dict[str, tuple[int, ...]]:
         """The search's layout dimensions by name (``SEARCHED``): the ZeRO stage, and on several
-        GPUs tp, then cp and ep where they offer more than 1."""
+        GPUs tp, then cp, ep and pp where they offer more than 1."""
         out = {"zero_stage": self.zero_stages}
         if self.world_size > 1:
             out["tp"] = tuple(sorted({tp for tp, _ in self.tp_cp}))
@@ -96,25 +103,28 @@ class LayoutChoices(BaseModel):
                 out["cp"] = cps
             if self.ep != (1,):
                 out["ep"] = self.ep
+            if self.pp != (1,):
+                out["pp"] = self.pp
         return out
 
     def layouts(self) -> tuple[ParallelDims, ...]:
         """Every layout the choices combine into."""
-        found = (layout_at(self.world_size, self.sequence_parallel, stage, tp, cp, ep)
-                 for stage in self.zero_stages for tp, cp in self.tp_cp for ep in self.ep)
+        found = (layout_at(self.world_size, self.sequence_parallel, stage, tp, cp, ep, pp)
+                 for stage in self.zero_stages for tp, cp in self.tp_cp for ep in self.ep for pp in self.pp)
         return tuple(dims for dims in found if dims is not None)
 
 
 @lru_cache(maxsize=4096)
 def layout_at(world_size: int, sequence_parallel: bool, zero_stage: int, tp: int = 1, cp: int = 1,
-              ep: int = 1) -> ParallelDims | None:
+              ep: int = 1, pp: int = 1) -> ParallelDims | None:
     """The layout of ``world_size`` GPUs at these degrees (``ParallelDims.data_parallel_of``), or
     None where none exists: a ZeRO stage needs several ranks to shard over, context and expert
-    parallelism run under FSDP2 (ep dividing its data-parallel ranks, without cp), and tensor
-    parallelism shares data-parallel ranks only through FSDP2 (``check_tensor_parallel``)."""
+    parallelism run under FSDP2 (ep dividing its data-parallel ranks, without cp), tensor
+    parallelism shares data-parallel ranks only through FSDP2 (``check_tensor_parallel``), and
+    pipeline parallelism runs with what ``ParallelDims`` allows beside it."""
     try:
         dims = ParallelDims.data_parallel_of(world_size, zero_stage, tp=tp, sp=sequence_parallel and tp > 1, cp=cp,
-                                             ep=ep)
+                                             ep=ep, pp=pp)
     except ValueError:
         return None
     if dims.tp > 1 and dims.data_parallel > 1 and not dims.shards_parameters:
@@ -173,18 +183,21 @@ def as_flag(refusal: str) -> str:
 
 def as_flags(dims: ParallelDims) -> str:
     """``--gpus 16 --zero-stage 3 --tp 2 --cp 2``: the flags that fix this layout."""
-    degrees = "".join(f" --{name} {getattr(dims, name)}" for name in ("tp", "cp", "ep") if getattr(dims, name) > 1)
+    degrees = "".join(f" --{name} {getattr(dims, name)}" for name in ("tp", "cp", "ep", "pp")
+                      if getattr(dims, name) > 1)
     return f"--gpus {dims.world_size} --zero-stage {dims.zero_stage}{degrees}"
 
 
 def layout_degrees(model: ModelConfig, training: TrainConfig, gpus: int, gpus_per_node: int, fixed_tp: int | None,
-                   fixed_cp: int | None, sequence_parallel: bool) -> tuple[tuple[int, int], ...]:
+                   fixed_cp: int | None, sequence_parallel: bool,
+                   pps: tuple[int, ...] = (1,)) -> tuple[tuple[int, int], ...]:
     """The (tensor-, context-parallel) degree pairs a request allows: ``--tp`` / ``--cp`` if given
     (checked, the error naming the flag), else every degree that divides the GPUs and that
     PyTorch can run on this model (``layout_refusal``): tensor parallelism inside a node (its
     collectives are on the critical path: NVLink), context parallelism leaving each rank at least
-    ``MIN_CONTEXT_SHARD_TOKENS`` of a sequence. Together they must leave data-parallel ranks that
-    divide the global batch (every rank gets whole sequences)."""
+    ``MIN_CONTEXT_SHARD_TOKENS`` of a sequence. Together with one of the pipeline degrees ``pps``
+    they must leave data-parallel ranks that divide the global batch (every rank gets whole
+    sequences)."""
     seq, batch = training.seq_len, training.global_batch_size
     for flag, fixed in (("--tp", fixed_tp), ("--cp", fixed_cp)):
         if fixed is not None and (fixed <= 0 or gpus % fixed):
@@ -197,7 +210,8 @@ def layout_degrees(model: ModelConfig, training: TrainConfig, gpus: int, gpus_pe
             raise ConfigError(as_flag(refusal))
     pairs = [(tp, cp) for tp in tps for cp in cps if not gpus % (tp * cp)
              and layout_refusal(model, seq, tp, cp, sequence_parallel) is None]
-    whole = tuple((tp, cp) for tp, cp in pairs if not batch % (gpus // (tp * cp)))
+    whole = tuple((tp, cp) for tp, cp in pairs
+                  if any(not gpus % (tp * cp * pp) and not batch % (gpus // (tp * cp * pp)) for pp in pps))
     if not whole:
         if fixed_tp is not None or fixed_cp is not None:
             tp, cp = fixed_tp or 1, fixed_cp or 1
@@ -229,15 +243,34 @@ def expert_degrees(model: ModelConfig, gpus: int, fixed: int | None) -> tuple[in
     return tuple(ep for ep in range(1, gpus + 1) if gpus % ep == 0 and model.moe.n_experts % ep == 0)
 
 
+def pipeline_degrees(model: ModelConfig, gpus: int, fixed: int | None, gpus_per_node: int = 8) -> tuple[int, ...]:
+    """The pipeline degrees a request allows: ``--pp`` if given (checked against the GPUs and the
+    blocks), else 1 and, across nodes, every degree dividing the GPUs, up to one stage per node and
+    ``MAX_SEARCHED_PP``, that leaves each stage ``MIN_BLOCKS_PER_STAGE`` blocks: pipelines are what
+    big runs put across nodes, where their point-to-point sends cost less than data parallelism's
+    collectives (inside a node the search leaves them out unless ``--pp`` asks)."""
+    if fixed is not None:
+        if fixed <= 0 or gpus % fixed:
+            raise ConfigError(f"--pp: {fixed} must be a positive divisor of the {gpus} GPUs (--gpus)")
+        if fixed > model.n_layers:
+            raise ConfigError(f"--pp: {fixed} stages for the {model.n_layers} blocks of {model.name}; use at most "
+                              f"{model.n_layers}")
+        return (fixed,)
+    nodes = max(1, gpus // gpus_per_node)
+    return tuple(pp for pp in divisors(gpus) if pp == 1 or (pp <= min(nodes, MAX_SEARCHED_PP)
+                                                           and model.n_layers >= MIN_BLOCKS_PER_STAGE * pp))
+
+
 def layout_choices(model: ModelConfig, training: TrainConfig, request: LayoutRequest,
                    gpus_per_node: int) -> LayoutChoices:
     """Each dimension's candidates for ``request`` (its fixed degrees checked, the refusal naming
-    the flag): the ZeRO stages, the (tp, cp) pairs, the ep degrees."""
+    the flag): the ZeRO stages, the (tp, cp) pairs, the ep and pp degrees."""
     stages = zero_stages(training, request.gpus, gpus_per_node, request.zero_stage)
-    pairs = layout_degrees(model, training, request.gpus, gpus_per_node, request.tp, request.cp, request.sp)
+    pps = pipeline_degrees(model, request.gpus, request.pp, gpus_per_node)
+    pairs = layout_degrees(model, training, request.gpus, gpus_per_node, request.tp, request.cp, request.sp, pps)
     eps = expert_degrees(model, request.gpus, request.ep)
     return LayoutChoices(world_size=request.gpus, sequence_parallel=request.sp, zero_stages=stages, tp_cp=pairs,
-                         ep=eps)
+                         ep=eps, pp=pps)
 
 
 def valid_layouts(model: ModelConfig, training: TrainConfig, request: LayoutRequest,
@@ -263,13 +296,9 @@ def checked_request(model: ModelConfig, request: LayoutRequest) -> LayoutRequest
             if degree is not None and degree != 1:
                 raise ConfigError(f"{flag}: {degree} needs several GPUs; give --gpus (a multiple of {degree}) or leave "
                                   f"{flag} out")
-        request = request.model_copy(update={"tp": 1, "cp": 1, "ep": 1})
+        request = request.model_copy(update={"tp": 1, "cp": 1, "ep": 1, "pp": 1})
     if request.ep is None and model.moe is None:
         request = request.model_copy(update={"ep": 1})
-    if request.pp > 1:  # pipeline layouts are not searched: what is left out is the plainest layout
-        request = request.model_copy(update={key: getattr(request, key) if getattr(request, key) is not None
-                                             else default for key, default in
-                                             (("zero_stage", 0), ("tp", 1), ("cp", 1), ("ep", 1))})
     cp, stage = request.cp, request.zero_stage
     if cp is not None and cp > 1 and stage is not None and stage < 2:
         raise ConfigError(f"--cp: context parallelism runs with FSDP2 over the data- and context-parallel ranks; "
@@ -283,7 +312,7 @@ def check_fixed_request(model: ModelConfig, training: TrainConfig, request: Layo
     the ZeRO stage, ep against the model, tp and cp dividing the GPUs (``fixed_layout`` then
     refuses their combination)."""
     gpus, tp, cp, ep, pp = request.gpus, request.tp, request.cp, request.ep, request.pp
-    assert tp is not None and cp is not None and ep is not None, "a fixed request gives every degree"
+    assert tp is not None and cp is not None and ep is not None and pp is not None, "a fixed request gives every degree"
     if pp < 1 or gpus % pp:
         raise ConfigError(f"--pp: {pp} must be a positive divisor of the {gpus} GPUs (--gpus)")
     zero_stages(training, gpus // pp, gpus_per_node, request.zero_stage)
@@ -302,7 +331,7 @@ def fixed_layout(request: LayoutRequest) -> ParallelDims:
     assert tp is not None and cp is not None and ep is not None, "a fixed request gives every degree"
     try:
         return ParallelDims.data_parallel_of(request.gpus, request.zero_stage or 0, tp=tp, sp=request.sp and tp > 1,
-                                             cp=cp, ep=ep, pp=request.pp)
+                                             cp=cp, ep=ep, pp=request.pp or 1)
     except ValidationError as error:
         raise ConfigError(f"--zero-stage / --tp / --cp / --ep / --pp: "
                           f"{error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
@@ -325,5 +354,5 @@ __all__ = [
     "LayoutRequest", "as_flag", "as_flags", "check_context_parallel", "check_expert_parallel", "check_fixed_request",
     "check_layout", "check_moe_tensor_parallel", "check_tensor_parallel", "checked_request", "context_degrees",
     "divisors", "expert_degrees", "fixed_layout", "layout_at", "layout_choices", "layout_degrees", "layout_refusal",
-    "no_layout_refusal", "scale_out_degrees", "valid_layouts", "zero_stages",
+    "no_layout_refusal", "pipeline_degrees", "scale_out_degrees", "valid_layouts", "zero_stages",
 ]

@@ -27,8 +27,10 @@ FSDP2 shards those experts over the ``dp_shard / ep`` ranks that hold the same o
 ``dp_mod_ep`` mesh: one rank when ep = dp_shard).
 
 Modelled today: one data-parallel dimension (replicate or shard, not both: HSDP is not
-modelled), tensor, context and expert parallelism (ep with FSDP2, without cp); pp = 1. Other
-layouts are refused by name, never priced wrongly.
+modelled), tensor, context and expert parallelism (ep with FSDP2, without cp), and pipeline
+parallelism with DDP, ZeRO-1 or FSDP2 and tensor parallelism inside its stages (FSDP2 as
+torchtitan runs it under a pipeline: ``planner.parallel.fsdp_pipeline``). Other layouts are
+refused by name, never priced wrongly.
 """
 
 from __future__ import annotations
@@ -123,9 +125,10 @@ class ParallelDims(BaseModel):
             raise ValueError(f"parallel.ep: expert parallelism is modelled over FSDP2's data-parallel ranks without "
                              f"context parallelism: use an ep that divides dp_shard ({self.dp_shard}) with ZeRO-2/3 and "
                              "cp 1, or ep 1")
-        if self.pp > 1 and self.shards_parameters:
-            raise ValueError(f"parallel.pp: pipeline parallelism with FSDP2 ({self.sharding.value if self.sharding else ''}"
-                             ", ZeRO-2/3) is not modelled yet; use DDP or ZeRO-1 with pp > 1")
+        if self.pp > 1 and (self.cp > 1 or self.ep > 1):
+            name, degree = ("cp", self.cp) if self.cp > 1 else ("ep", self.ep)
+            raise ValueError(f"parallel.{name}: {name} {degree} inside pipeline stages is not modelled yet (FSDP2 under "
+                             f"a pipeline was measured with data and tensor parallelism only); use {name} 1 with pp > 1")
         for name in NOT_MODELLED:
             if getattr(self, name) > 1:
                 raise ValueError(f"parallel.{name}: {getattr(self, name)} is not modelled yet; use {name} = 1")

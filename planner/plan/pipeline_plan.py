@@ -68,11 +68,11 @@ BOUNDED = frozenset({PipelineSchedule.ONE_F_ONE_B, PipelineSchedule.INTERLEAVED_
 
 def walked_micro_batches(schedule: PipelineSchedule, pp: int, n_micro_batches: int, virtual: int = 1) -> int:
     """How many micro-batches a rank's memory walk visits: all of them, or for a bounded schedule
-    warm-up, two rounds of its steady state and cool-down (a multiple of ``pp``, at least
-    ``2 pp (v + 1)``), the rest counted on one steady-state micro-batch (``Event.repeats``)."""
+    its warm-up, steady state and cool-down over ``pp (v + 2)`` of them, the rest counted on one
+    steady-state micro-batch (``Event.repeats``)."""
     if schedule not in BOUNDED:
         return n_micro_batches
-    walked = 2 * pp * (virtual + 1)
+    walked = pp * (virtual + 2)
     return n_micro_batches if n_micro_batches <= walked + pp else walked
 
 

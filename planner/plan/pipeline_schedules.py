@@ -62,6 +62,12 @@ def rank_stages(schedule: PipelineSchedule, pp: int, virtual: int = 1) -> tuple[
     return tuple(tuple(stages) for stages in held)
 
 
+def default_virtual(schedule: PipelineSchedule) -> int:
+    """Stages per rank when none is asked for: one for GPipe and 1F1B, two for the looped schedules
+    (torchtitan's usual interleaving) and the V ones (which run exactly two)."""
+    return 1 if schedule in SINGLE_STAGE else 2
+
+
 def rank_actions(schedule: PipelineSchedule, pp: int, n_micro_batches: int,
                  virtual: int = 1) -> tuple[tuple[Action, ...], ...]:
     """Each rank's compute actions in the order torch 2.13 runs them: for ``ScheduleGPipe`` and
@@ -118,4 +124,5 @@ def check_pipeline(schedule: PipelineSchedule, pp: int, n_micro_batches: int, vi
                           f"use at most {n_blocks} stages in all")
 
 
-__all__ = ["Action", "ActionKind", "PipelineSchedule", "check_pipeline", "rank_actions", "rank_stages", "stage_rank"]
+__all__ = ["Action", "ActionKind", "PipelineSchedule", "check_pipeline", "default_virtual", "rank_actions", "rank_stages",
+           "stage_rank"]

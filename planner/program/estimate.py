@@ -251,7 +251,8 @@ def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
     exists (DDP: always; FSDP2: sharded), ZeRO-2's gathered parameters (kept from each unit's
     forward to its backward), and two fp32 (B*T, V) tensors (the logits in fp32 and their
     log-softmax). The model state is the strategy's ``model_state_lower_bound`` over the rank's
-    parameters (its tensor- and expert-parallel shards).
+    parameters (its tensor- and expert-parallel shards). Under pipeline parallelism the ranks
+    split the model: the busiest holds at least the average share of that state.
     """
     spec = precision_spec(knobs.precision)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
@@ -265,6 +266,8 @@ def peak_lower_bound(model: ModelConfig, training: TrainConfig, hw: HardwareProf
     vocab = math.ceil(model.vocab_size / dims.tp)  # loss_parallel: this rank's share of the vocabulary
     tokens = knobs.micro_batch_size * local_seq_len(training.seq_len, dims)
     logits = 2 * hw.round_alloc(tokens * vocab * 4)
+    if dims.pp > 1:  # the busiest rank holds at least the ranks' average share of the model state
+        return model_state // dims.pp
     return model_state + data + logits
 
 
@@ -274,7 +277,7 @@ def step_time_s(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
     program = step_program(model, training, hw, knobs)
     if knobs.parallel.pp > 1:
         return pipelined_time(program, knobs, tuple(recomputed_ops(r.graph, program.units)
-                                                    for r in program.ranks)).step_time_s
+                                                    for r in program.ranks), whole=False).step_time_s
     return program.time(recomputed_ops(program.busiest.graph, program.units)).step_time_s
 
 

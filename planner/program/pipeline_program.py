@@ -13,13 +13,16 @@ and gradients sent between stages over NVLink inside a node or the NICs across n
 (``hardware.collectives.ring_time_s`` of a two-rank permute: NCCL's send/recv). After the span, the slowest rank's optimizer step and the
 most any rank's data-parallel collectives add beyond its last backward (each placed on that
 rank's own timeline, ``planner.program.step_program.placed``): a stage's gradient sync runs after
-its last backward, which the first stage finishes last.
+its last backward, which the first stage finishes last. Under FSDP2 a stage's collectives come
+once per step (``RankProgram.once``, the strategy's ``once_per_step``): its all-gathers around its
+first forward, its reduce-scatters after its last backward.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,14 +31,14 @@ from hardware.profile import HardwareProfile
 from planner.graph.layer_graph import LayerGraph
 from planner.graph.stages import STAGE_INPUT, StageSpan, stage_graph
 from planner.memory.types import Phase, Timeline
+from planner.parallel.strategies import strategy_for
 from planner.plan.knobs import Knobs
 from planner.plan.pipeline_plan import rank_schedule, stage_spans
 from planner.plan.pipeline_schedules import rank_stages
 from planner.plan.schedule import Schedule, accumulation
-from planner.program.step_program import RankProgram, StepProgram, device_bytes, placed
+from planner.program.step_program import RankProgram, StepProgram, device_bytes, placed, plus
 from planner.timing.op_times import TimeBreakdown, step_time
 from planner.timing.pipeline_time import PipelineTime, StageTime, pipeline_time
-from planner.timing.step_time import Collectives
 from planner.timing.timeline import RankTimeline, Stream
 
 
@@ -46,23 +49,26 @@ def stage_graphs(whole: LayerGraph, knobs: Knobs) -> tuple[tuple[StageSpan, Laye
 
 
 def stage_schedule(knobs: Knobs, rank: int) -> Schedule:
-    """Pipeline rank ``rank``'s events: DDP and ZeRO-1 reduce a stage's gradients on its last
-    backward only."""
+    """Pipeline rank ``rank``'s events: a stage's gradients are reduced once per step, on its last
+    backward (DDP and ZeRO-1: ``no_sync`` on the others; FSDP2: ``perform_reduce_grad`` after it)."""
     dims = knobs.parallel
-    sync_last = dims.data_parallel > 1 and not dims.shards_parameters
+    sync_last = dims.data_parallel > 1
     return rank_schedule(knobs.pp_schedule, dims.pp, knobs.grad_accum_steps, rank, sync_last, knobs.pp_virtual)
 
 
 def pipeline_ranks(whole: LayerGraph, knobs: Knobs, hw: HardwareProfile,
                    one_stage: Callable[[LayerGraph, Schedule, StageSpan], RankProgram]) -> tuple[RankProgram, ...]:
     """Every pipeline rank's program, first rank first: its stages (``rank_stages``: one, or
-    several for a looped schedule), each built by ``one_stage`` with its receive buffers, merged."""
+    several for a looped schedule), each built by ``one_stage`` with its receive buffers and the
+    collectives the data-parallel strategy issues once per step for it, merged."""
     stages = stage_graphs(whole, knobs)
     held = rank_stages(knobs.pp_schedule, knobs.parallel.pp, knobs.pp_virtual)
+    strategy = strategy_for(knobs.parallel)
     out = []
     for rank, indices in enumerate(held):
         schedule = stage_schedule(knobs, rank)
         parts = [with_receive_buffers(one_stage(stages[s][1], schedule, stages[s][0]), knobs, hw) for s in indices]
+        parts = [replace(p, once=strategy.once_per_step(p.graph, hw, knobs)) for p in parts]
         out.append(_merged(parts))
     return tuple(out)
 
@@ -70,15 +76,16 @@ def pipeline_ranks(whole: LayerGraph, knobs: Knobs, hw: HardwareProfile,
 def _merged(parts: list[RankProgram]) -> RankProgram:
     """One rank holding several stages: their static memory together (the optimizer step's
     temporaries the largest part's: torchtitan keeps one optimizer per model part and steps them
-    one by one), their collectives and optimizer steps one after the other."""
+    one by one; the engine every stage's), their collectives and optimizer steps one after the
+    other (each stage's ``once`` collectives stay its own)."""
     if len(parts) == 1:
         return parts[0]
     statics = [p.static for p in parts]
     static = replace(statics[0], **{name: sum(getattr(s, name) for s in statics) for name in
                                     ("params_bytes", "optimizer_bytes", "grads_bytes", "received_bytes")},
-                     optimizer_step_temp_bytes=max(s.optimizer_step_temp_bytes for s in statics))
-    collectives = Collectives(**{f.name: sum(getattr(p.collectives, f.name) for p in parts)
-                                 for f in fields(Collectives)})
+                     optimizer_step_temp_bytes=max(s.optimizer_step_temp_bytes for s in statics),
+                     engine=statics[0].engine.joined([s.engine for s in statics[1:]]))
+    collectives = functools.reduce(plus, (p.collectives for p in parts))
     optimizer_s = (sum(p.optimizer_s[0] for p in parts), sum(p.optimizer_s[1] for p in parts))
     return replace(parts[0], static=static, collectives=collectives, optimizer_s=optimizer_s, others=tuple(parts[1:]))
 
@@ -111,11 +118,12 @@ def p2p_seconds(program: StepProgram, knobs: Knobs, hw: HardwareProfile) -> floa
     return ring_time_s(2 * n_bytes, Collective.PERMUTE, hw, 2, 2 if same_node else 1)
 
 
-def pipelined_time(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...]) -> TimeBreakdown:
+def pipelined_time(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...],
+                   whole: bool = True) -> TimeBreakdown:
     """The busiest rank's step on the pipeline's timeline (see the module docstring): its compute,
     what its collectives add, and the rest of the span as the pipeline's bubble and waits."""
     computes = [_rank_compute(rank, ops, knobs) for ops, rank in zip(recomputed, program.ranks, strict=True)]
-    line = _line(program, knobs, recomputed)
+    line = _line(program, knobs, recomputed, whole)  # not whole: extrapolated, no timeline (the search's)
     exposed = max(placed(c, rank, program.hw).communication_s for c, rank in zip(computes, program.ranks, strict=True))
     own = computes[max(range(len(computes)), key=lambda r: line.busy_s[r])]
     step_s = line.step_time_s + max(c.optimizer_s for c in computes) + exposed
@@ -150,7 +158,8 @@ def _weight_share(graph: LayerGraph) -> float:
     return sum(c.bwd_weight_flops for c in nodes) / total if total else 0.0
 
 
-def _line(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...]) -> PipelineTime:
+def _line(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], ...],
+          whole: bool = True) -> PipelineTime:
     """The schedule's tasks with each global stage's time per micro-batch."""
     held = rank_stages(knobs.pp_schedule, knobs.parallel.pp, knobs.pp_virtual)
     by_stage: dict[int, StageTime] = {}
@@ -163,7 +172,7 @@ def _line(program: StepProgram, knobs: Knobs, recomputed: tuple[frozenset[str], 
     times = tuple(by_stage[s] for s in range(len(by_stage)))
     return pipeline_time(knobs.pp_schedule, knobs.parallel.pp, knobs.grad_accum_steps, times,
                          p2p_seconds(program, knobs, program.hw), virtual=knobs.pp_virtual,
-                         slowdown=program.hw.overlap_compute_slowdown)
+                         slowdown=program.hw.overlap_compute_slowdown, whole=whole)
 
 
 class StageEstimate(BaseModel):

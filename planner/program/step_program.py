@@ -14,7 +14,7 @@ kind, times the ranks that run it, so a stage's logits and loss are counted only
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from hardware.profile import HardwareProfile
 from planner.graph.layer_graph import LayerGraph
@@ -23,9 +23,10 @@ from planner.memory.engine import StaticMemory
 from planner.memory.step import simulate_step
 from planner.memory.types import Live, Phase, Timeline
 from planner.ops.base import OpVariant
-from planner.plan.schedule import Schedule
+from planner.plan.schedule import Event, Schedule
 from planner.timing.op_times import OpTimes, TimeBreakdown, step_time
-from planner.timing.step_time import Collectives, rank_timeline
+from planner.timing.step_time import NO_COLLECTIVES, Collectives, rank_timeline
+from planner.timing.timeline import RankTimeline
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class RankProgram:
     # op times, static memory); this one's static memory, collectives and optimizer are then the
     # whole rank's (``planner.program.pipeline_program``)
     others: tuple[RankProgram, ...] = ()
+    # a pipeline stage's collectives issued once per step, its own (not the rank's): the forward ones
+    # around the stage's first forward, the backward ones around its syncing (last) backward (FSDP2
+    # under a pipeline: the stage's all-gathers and reduce-scatters, ``Fsdp2.once_per_step``)
+    once: Collectives = NO_COLLECTIVES
 
     @property
     def graphs(self) -> tuple[LayerGraph, ...]:
@@ -139,13 +144,46 @@ def placed(compute: TimeBreakdown, rank: RankProgram, hw: HardwareProfile) -> Ti
     schedule = rank.schedule
     forward_s = compute.forward_s / schedule.count(Phase.FORWARD)
     backward_s = (compute.backward_s + compute.recompute_s) / schedule.count(Phase.BACKWARD)
-    timeline = rank_timeline(schedule, forward_s, backward_s, compute.optimizer_s, rank.collectives,
-                             hw.overlap_compute_slowdown)
-    if rank.collectives.none:
+    parts = (rank, *rank.others)
+    if all(p.once.none for p in parts):
+        timeline = rank_timeline(schedule, forward_s, backward_s, compute.optimizer_s, rank.collectives,
+                                 hw.overlap_compute_slowdown)
+    else:
+        timeline = _with_once(schedule, forward_s, backward_s, compute.optimizer_s, rank.collectives,
+                              tuple(p.once for p in parts), hw.overlap_compute_slowdown)
+    if rank.collectives.none and all(p.once.none for p in parts):
         return compute.model_copy(update={"timeline": timeline})
     step_s = timeline.step_time_s
     return compute.model_copy(update={"communication_s": step_s - compute.step_time_s, "step_time_s": step_s,
                                       "timeline": timeline})
+
+
+def plus(a: Collectives, b: Collectives) -> Collectives:
+    """Both ``a``'s and ``b``'s collectives, one after the other where they sit."""
+    return Collectives(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(Collectives)})
+
+
+def _with_once(schedule: Schedule, forward_s: float, backward_s: float, optimizer_s: float, each: Collectives,
+               once: tuple[Collectives, ...], slowdown: float) -> RankTimeline:
+    """``rank_timeline`` with each stage's ``once`` collectives added around its first forward and
+    its syncing backward (``RankProgram.once``); runs of events with the same collectives are
+    placed together."""
+    seen: set[int] = set()
+    runs: list[tuple[Collectives, list[Event]]] = []
+    for event in schedule.events:
+        first = event.phase is Phase.FORWARD and event.stage not in seen
+        if first:
+            seen.add(event.stage)
+        last = event.phase is Phase.BACKWARD and event.sync
+        around = plus(each, once[event.stage]) if first or last else each
+        if runs and runs[-1][0] == around:
+            runs[-1][1].append(event)
+        else:
+            runs.append((around, [event]))
+    segments = [seg for around, events in runs for seg in rank_timeline(
+        Schedule(events=tuple(events), n_micro_batches=schedule.n_micro_batches), forward_s, backward_s, optimizer_s,
+        around, slowdown).segments]
+    return RankTimeline(segments=tuple(segments))
 
 
 def device_bytes(peak_allocated_bytes: int, hw: HardwareProfile) -> int:

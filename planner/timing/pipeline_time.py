@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.plan.pipeline_plan import walked_micro_batches
 from planner.plan.pipeline_schedules import Action, ActionKind, PipelineSchedule, rank_actions, stage_rank
 from planner.timing.timeline import RankTimeline, Stream, Task, run_segment
 
@@ -52,7 +53,7 @@ class PipelineTime:
     step_time_s: float
     busy_s: tuple[float, ...]  # per rank, seconds of compute
     idle_s: tuple[float, ...]  # per rank, step_time_s - busy_s: the bubble (and exposed sends)
-    timeline: RankTimeline  # every rank's tasks (critical path, spans)
+    timeline: RankTimeline | None  # every rank's tasks (critical path, spans); None when extrapolated
 
     @property
     def bubble_fraction(self) -> float:
@@ -110,11 +111,24 @@ def pipeline_tasks(schedule: PipelineSchedule, pp: int, n_micro_batches: int, st
 
 def pipeline_time(schedule: PipelineSchedule, pp: int, n_micro_batches: int,
                   stage_times: StageTime | tuple[StageTime, ...], p2p_s: float = 0.0, virtual: int = 1,
-                  slowdown: float = 0.0) -> PipelineTime:
+                  slowdown: float = 0.0, whole: bool = True) -> PipelineTime:
     """The step of ``schedule`` on ``pp`` ranks (``virtual`` stages each) over ``n_micro_batches``:
     ``stage_times`` per global stage (one ``StageTime``: every stage alike), ``p2p_s`` for one
     activation or gradient send between ranks, ``slowdown`` the compute slowdown while a send runs
-    beside it (``planner.timing.timeline.run_segment``)."""
+    beside it (``planner.timing.timeline.run_segment``).
+
+    Without ``whole``, a bounded schedule's long step (``planner.plan.pipeline_plan.BOUNDED``) is
+    timed from two short ones: its steady state adds the same span per micro-batch, so the span
+    is extrapolated linearly from ``walked_micro_batches`` and ``pp`` more, each rank's compute
+    scaled (it is the micro-batches' sum); no timeline is kept (tests/planner/test_pipeline_time.py
+    checks the figures equal the whole step's)."""
+    short = walked_micro_batches(schedule, pp, n_micro_batches, virtual)
+    if not whole and short + pp < n_micro_batches:
+        a = pipeline_time(schedule, pp, short, stage_times, p2p_s, virtual, slowdown)
+        b = pipeline_time(schedule, pp, short + pp, stage_times, p2p_s, virtual, slowdown)
+        step_s = a.step_time_s + (n_micro_batches - short) * (b.step_time_s - a.step_time_s) / pp
+        busy = tuple(x * n_micro_batches / short for x in a.busy_s)
+        return PipelineTime(step_time_s=step_s, busy_s=busy, idle_s=tuple(step_s - x for x in busy), timeline=None)
     n_stages = pp * virtual
     times = stage_times if isinstance(stage_times, tuple) else (stage_times,) * n_stages
     tasks = pipeline_tasks(schedule, pp, n_micro_batches, times, p2p_s, virtual)
