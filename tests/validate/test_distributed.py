@@ -18,6 +18,9 @@ from planner.plan.parallel_dims import ParallelDims  # noqa: E402
 from roofplan import api  # noqa: E402
 from validate.api import validate  # noqa: E402
 
+# its module-scoped fixtures are built once: every test of the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_distributed")
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ModelConfig(family="llama", name="small-llama", n_layers=3, d_model=128, n_heads=4, n_kv_heads=2,
                     d_ff=344, vocab_size=2048, max_seq_len=256)
@@ -59,8 +62,6 @@ import contextlib, io, json, os, runpy, sys
 import torch.distributed as dist
 from roofplan.validate_cli import main
 
-# its module-scoped fixtures are built once: every test of the module on one xdist worker
-pytestmark = pytest.mark.xdist_group("test_distributed")
 
 def validate(index, path, as_module=False):
     argv = [path, "--mode", "run", "--device", "cpu", "--steps", "1", "--json"]
