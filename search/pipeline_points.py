@@ -87,23 +87,17 @@ def pipelined_placement(model: ModelConfig, training: TrainConfig, hw: HardwareP
     program = step_program(model, training, hw, knobs)
     peaks = _RankPeaks(model, program, knobs)
     ranks = range(len(program.ranks))
-    counts = []
-    for r in ranks:
-        hi = peaks.most(r)
-        if hi == 0 or device_bytes(peaks(r, 0), hw) <= cap_bytes:  # nothing to place, or nothing needed: one walk
-            counts.append(0)
-            continue
-        lo = 1
-        if device_bytes(peaks(r, hi), hw) > cap_bytes:
-            counts.append(hi)
-            continue
-        while lo < hi:  # the fewest blocks per stage that fit (peaks fall as more blocks are checkpointed)
-            mid = (lo + hi) // 2
-            if device_bytes(peaks(r, mid), hw) <= cap_bytes:
-                hi = mid
-            else:
-                lo = mid + 1
-        counts.append(lo)
+    counts = [0] * len(ranks)
+    guess: int | None = None
+    # the first rank (most micro-batches in flight) and the last (the logits) first; a middle rank
+    # holds no more than the one before it, so it starts from that rank's count
+    for r in (0, len(ranks) - 1, *range(1, len(ranks) - 1)) if len(ranks) > 1 else (0,):
+        found = _fewest(peaks, r, hw, cap_bytes, guess if 0 < r < len(ranks) - 1 else None)
+        if found is None and prune:  # this rank cannot fit: nor can the point (its least need is a bound)
+            need = device_bytes(peaks(r, peaks.most(r)), hw)
+            return ParetoPoint(step_time_s=math.inf, device_bytes=need, knobs=base), (), True
+        counts[r] = peaks.most(r) if found is None else found
+        guess = counts[r] if r < len(ranks) - 1 else guess
     fits = all(device_bytes(peaks(r, counts[r]), hw) <= cap_bytes for r in ranks)
     if not fits:  # the least memory: every block checkpointed on every rank
         counts = [peaks.most(r) for r in ranks]
@@ -115,6 +109,35 @@ def pipelined_placement(model: ModelConfig, training: TrainConfig, hw: HardwareP
         plain = max(device_bytes(peaks(r, 0), hw) for r in ranks)
         points.append(ParetoPoint(step_time_s=step_time_s(model, training, hw, knobs), device_bytes=plain, knobs=knobs))
     return chosen, tuple(points), False
+
+
+def _fewest(peaks: _RankPeaks, r: int, hw: HardwareProfile, cap_bytes: int, guess: int | None) -> int | None:
+    """The fewest blocks per stage rank ``r`` checkpoints to fit (None: not even every block):
+    nothing, else down from ``guess`` when it fits, else by bisection (peaks fall as more blocks
+    are checkpointed)."""
+    def fits(k: int) -> bool:
+        return device_bytes(peaks(r, k), hw) <= cap_bytes
+
+    most = peaks.most(r)
+    if fits(0):  # nothing needed: one walk
+        return 0
+    if most == 0:  # nothing to place (a split-backward schedule)
+        return None
+    if guess is not None and 0 < guess <= most and fits(guess):
+        k = guess
+        while k > 1 and fits(k - 1):
+            k -= 1
+        return k
+    lo, hi = 1 if guess is None else max(1, guess + 1), most
+    if not fits(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def least_memory_pipelined(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, base: Knobs,

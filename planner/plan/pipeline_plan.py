@@ -68,11 +68,14 @@ BOUNDED = frozenset({PipelineSchedule.ONE_F_ONE_B, PipelineSchedule.INTERLEAVED_
 
 def walked_micro_batches(schedule: PipelineSchedule, pp: int, n_micro_batches: int, virtual: int = 1) -> int:
     """How many micro-batches a rank's memory walk visits: all of them, or for a bounded schedule
-    its warm-up, steady state and cool-down over ``pp (v + 2)`` of them, the rest counted on one
+    its warm-up, steady state and cool-down over ``2 pp + 2`` of them (1F1B) or ``pp (v + 1)`` (the
+    looped and V ones, whose steady state comes in rounds of ``pp``), the rest counted on one
     steady-state micro-batch (``Event.repeats``)."""
     if schedule not in BOUNDED:
         return n_micro_batches
-    walked = pp * (virtual + 2)
+    # 1F1B: warm-up (pp - r - 1 forwards), a steady state of period one and cool-down; the looped
+    # and V schedules run their steady state in rounds of pp micro-batches
+    walked = 2 * pp + 2 if schedule is PipelineSchedule.ONE_F_ONE_B else pp * (virtual + 1)
     return n_micro_batches if n_micro_batches <= walked + pp else walked
 
 
