@@ -25,9 +25,12 @@ import time
 COMMAND = [sys.executable, "-m", "roofplan.cli", "--model", "llama3-405b", "--micro-batch", "1",
            "--precision", "bf16-mixed", "--checkpoint", "all", "--global-batch", "16", "--json"]
 SEARCH = [sys.executable, "-m", "roofplan.cli", "--model", "llama2-7b", "--hardware", "h200", "--json"]
-# the layout searched too (ZeRO stage, tensor- and context-parallel degrees with the other knobs): targets of 10 s
+# the layout searched too (ZeRO stage, tensor-, context- and, across nodes, pipeline-parallel degrees
+# with the other knobs): targets of 10 s, and 30 s for 16,384 GPUs (issue 23)
 LAYOUTS = [[sys.executable, "-m", "roofplan.cli", "--model", "llama3-70b", "--gpus", "64", "--json"],
-           [sys.executable, "-m", "roofplan.cli", "--model", "llama3-405b", "--gpus", "1024", "--json"]]
+           [sys.executable, "-m", "roofplan.cli", "--model", "llama3-405b", "--gpus", "1024", "--json"],
+           [sys.executable, "-m", "roofplan.cli", "--model", "llama3-405b", "--gpus", "16384", "--json"]]
+LAYOUT_TARGETS_S = (10.0, 10.0, 30.0)
 MAIN_JOB = ["--model", "llama2-7b", "--hbm", "80GB", "--gpus", "8"]
 PRESET_TARGET_S = 10.0
 PRESET_TIMEOUT_S = 600.0  # a preset past it is reported as such, so the row always finishes
@@ -160,10 +163,10 @@ def main() -> int:
     print(f"search points per second (llama2-7b on h200: exact placement per point): {points:.1f}; "
           f"full estimates of the chosen plans: {exact:.1f}/s")
     ok = fixed_s < 1.0 and search_s < 3.0 and no_torch
-    for command in LAYOUTS:
+    for command, target_s in zip(LAYOUTS, LAYOUT_TARGETS_S, strict=True):
         layout_s = statistics.median(wall_times(command, repeats=1))
-        print(f"plan {' '.join(command[3:-1])}, layout searched: {layout_s:.2f} s wall; target < 10 s")
-        ok = ok and layout_s < 10.0
+        print(f"plan {' '.join(command[3:-1])}, layout searched: {layout_s:.2f} s wall; target < {target_s:.0f} s")
+        ok = ok and layout_s < target_s
     ok = presets_row() and ok
     if "--no-validate" not in sys.argv:
         validate_s = validate_main_job()
