@@ -173,6 +173,8 @@ class SearchSpace(BaseModel):
         schedule, virtual = self.pipeline(point)
         if layout.shards_parameters and not modelled_pipeline(schedule, virtual):
             return False
+        if degrees[ZERO_STAGE] == 2 and 3 in self.zero_stages:  # under a pipeline ZeRO-2 is ZeRO-3's twin
+            return False  # (planner.parallel.fsdp_pipeline: reshard_after_forward=False for both)
         try:
             check_modelled(schedule, layout.pp, share // int(point[MICRO_BATCH]), self.n_layers, self.pp_layers, virtual)
         except ConfigError:
