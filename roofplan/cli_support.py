@@ -21,10 +21,10 @@ _SIZED_FLAGS = {"micro_batch": "micro_batch_size", "gpus": "gpus", "gpus_per_nod
 
 
 def check_flag_sizes(args: argparse.Namespace) -> None:
-    """Refuse an integer flag beyond what any real run uses (``planner.model.checks.SIZE_LIMITS``,
+    """Refuse an integer flag beyond what any real run uses (``planner.model.limits.SIZE_LIMITS``,
     the limits model files meet too), before any work is sized by it."""
     from planner.errors import ConfigError
-    from planner.model.checks import size_problem
+    from planner.model.limits import size_problem
 
     for dest, field in _SIZED_FLAGS.items():
         problem = size_problem(field, getattr(args, dest, None), "--" + dest.replace("_", "-"))

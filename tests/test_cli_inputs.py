@@ -266,8 +266,8 @@ def test_api_sources_meet_the_same_limit() -> None:
 
 
 def test_sizes_at_the_limit_are_accepted() -> None:
-    from planner.model.checks import SIZE_LIMITS
     from planner.model.config import ModelConfig, TrainConfig
+    from planner.model.limits import SIZE_LIMITS
 
     ModelConfig.model_validate({**TINY_MODEL, "n_layers": SIZE_LIMITS["n_layers"].most})
     TrainConfig(seq_len=SIZE_LIMITS["seq_len"].most, global_batch_size=64)
@@ -275,7 +275,7 @@ def test_sizes_at_the_limit_are_accepted() -> None:
 
 def test_presets_are_far_inside_the_limits() -> None:
     """The margin: every bundled preset uses at most a quarter of every limit."""
-    from planner.model.checks import SIZE_LIMITS
+    from planner.model.limits import SIZE_LIMITS
     from planner.model.sources import list_presets, load_preset
 
     for name in list_presets():

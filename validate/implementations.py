@@ -2,7 +2,8 @@
 the few CPU/fake-tensor differences that would otherwise change what is measured.
 
 - ``hf_model``: ``AutoModelForCausalLM.from_config`` for a ``ModelConfig`` (transformers 5.24.0
-  config classes: GPT2Config, LlamaConfig, MistralConfig, Qwen2Config), ``attn_implementation``
+  config classes: GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, each family's built by
+  ``validate.models.dense.HF_CONFIGS``), ``attn_implementation``
   sdpa for flash attention and eager for eager, ``use_cache=False``, parameters created in the
   policy's dtype; its parameter count must equal the plan's.
 - ``as_a_gpu_runs_it``: while simulating,
@@ -31,15 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hardware.errors import ConfigError
-from planner.model.config import (
-    AttentionImpl,
-    Family,
-    MlpKind,
-    ModelConfig,
-    NormKind,
-    PositionKind,
-    effective_activation,
-)
+from planner.model.config import AttentionImpl, ModelConfig
+from validate.models.dense import HF_CONFIGS
 
 HF_VERSION = "5.24.0"  # the transformers whose sources planner.graph.implementations describes
 
@@ -182,39 +176,13 @@ def as_a_gpu_runs_it(net: nn.Module, autocast: bool, fused_attention: bool) -> I
 
 
 def hf_config(model: ModelConfig) -> Any:
-    """The transformers config of ``model`` (one line naming the field for what it cannot express)."""
-    import transformers
-
-    common: dict[str, Any] = dict(vocab_size=model.vocab_size, tie_word_embeddings=bool(model.tie_embeddings), use_cache=False)
-    if model.family is Family.GPT2:
-        act = effective_activation(model)
-        return transformers.GPT2Config(
-            n_layer=model.n_layers, n_embd=model.d_model, n_head=model.n_heads, n_inner=model.d_ff,
-            n_positions=model.position_rows, layer_norm_epsilon=model.norm_eps or 1e-5,
-            activation_function=act.value, resid_pdrop=model.dropout, embd_pdrop=model.dropout,
-            attn_pdrop=model.dropout, **common)
-    if (model.mlp, model.positions, model.norm) != (MlpKind.SWIGLU, PositionKind.ROTARY, NormKind.RMSNORM):
-        raise ConfigError(f"model: transformers' {model.family.value} runs a SwiGLU MLP, rotary positions and "
-                          "RMSNorm; this model differs (mlp/positions/norm); use implementation: reference")
-    rope = {"rope_type": "default", "rope_theta": model.rope_theta}
-    args: dict[str, Any] = dict(hidden_size=model.d_model, intermediate_size=model.d_ff, num_hidden_layers=model.n_layers,
-                num_attention_heads=model.n_heads, num_key_value_heads=model.kv_heads,
-                max_position_embeddings=model.max_seq_len or 4096, rms_norm_eps=model.norm_eps or 1e-6,
-                rope_parameters=rope, attention_dropout=model.dropout, head_dim=model.head_dim, **common)
-    if model.family is Family.LLAMA:
-        if bool(model.qkv_bias) != bool(model.attn_out_bias):
-            raise ConfigError("model: transformers' Llama has one attention_bias for q/k/v and o_proj; set qkv_bias "
-                              "and attn_out_bias alike")
-        return transformers.LlamaConfig(attention_bias=bool(model.qkv_bias), mlp_bias=bool(model.mlp_bias), **args)
-    if model.mlp_bias or model.attn_out_bias or bool(model.qkv_bias) != (model.family is Family.QWEN2):
-        raise ConfigError(f"model: transformers' {model.family.value} has {'q/k/v biases' if model.family is Family.QWEN2 else 'no biases'} "
-                          "only; change qkv_bias/attn_out_bias/mlp_bias to match or use implementation: reference")
-    if model.family is Family.MISTRAL:  # every layer slides when the window is set
-        return transformers.MistralConfig(sliding_window=model.sliding_window, **args)
-    layer_types = [("sliding_attention" if model.window(b) is not None else "full_attention")
-                   for b in range(model.n_layers)]
-    return transformers.Qwen2Config(use_sliding_window=model.sliding_window is not None,
-                                    sliding_window=model.sliding_window, layer_types=layer_types, **args)
+    """The transformers config of ``model``, by its family's builder (``validate.models.dense.HF_CONFIGS``;
+    one line naming the field for what it cannot express)."""
+    build = HF_CONFIGS.get(model.family)
+    if build is None:
+        raise ConfigError(f"model: implementation hf runs families {', '.join(sorted(HF_CONFIGS))} (their transformers "
+                          f"code), not {model.family.value}; use implementation: reference")
+    return build(model)
 
 
 def hf_model(model: ModelConfig, dtype: torch.dtype, n_params: int) -> nn.Module:

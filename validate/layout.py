@@ -16,7 +16,7 @@ from planner.plan.knobs import Knobs
 from planner.plan.parallel_dims import ParallelDims
 from planner.precision import PrecisionSpec
 from validate.apply import shard_model
-from validate.moe_model import MoE
+from validate.models.moe import MoE
 from validate.parallelize import apply_tensor_parallel
 from validate.reference_model import Transformer
 

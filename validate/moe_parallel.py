@@ -1,4 +1,4 @@
-"""Tensor parallelism of the reference MoE block (``validate.moe_model.MoE``), as
+"""Tensor parallelism of the reference MoE block (``validate.models.moe.MoE``), as
 ``planner.parallel.tensor_moe`` prices it: torchtitan's ``apply_moe_ep_tp`` on our module names.
 
 - ``mlp``: ``PrepareModuleInputOutput``: the input all-gathered from Shard(1) (sequence
@@ -6,9 +6,9 @@
   (which takes its local tensor with a Partial gradient); the output, a partial sum, made
   whole: reduce-scattered to Shard(1) or all-reduced to Replicate.
 - ``mlp.experts``: torchtitan's ``TensorParallel``: the (E, D, I) gate and up weights Shard(2),
-  the (E, I, D) down weights Shard(1); the experts run on the local shards (``moe_model.local``).
+  the (E, I, D) down weights Shard(1); the experts run on the local shards (``models.moe.local``).
 - ``mlp.router``, ``mlp.shared_gate``: Replicate weights (torchtitan's ``NoParallel``), run on the
-  local view, their gradients all-reduced (``moe_model.replicated_linear``).
+  local view, their gradients all-reduced (``models.moe.replicated_linear``).
 - ``mlp.shared_expert``: gate and up Shard(0) (colwise), down Shard(1) (rowwise, output partial).
 
 Under expert parallelism the block holds E/ep experts (``build_model(..., ep)``); their weights
@@ -26,7 +26,7 @@ from torch.distributed.tensor import Partial, Placement, Replicate, Shard, distr
 from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from validate.moe_model import MoE
+from validate.models.moe import MoE
 
 
 class LocalShards(ParallelStyle):

@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from planner.model.config import MlpKind, PositionKind
 from planner.plan.knobs import Knobs
-from validate.moe_model import MoE
+from validate.models.moe import MoE
 from validate.moe_parallel import bind_tensor_parallel_group, moe_tensor_parallel_plan
 from validate.reference_model import Transformer
 

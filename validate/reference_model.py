@@ -1,4 +1,7 @@
-"""The reference model: plain, readable PyTorch (with einops) built from a ``ModelConfig``.
+"""The reference model: plain, readable PyTorch (with einops) built from a ``ModelConfig``. This
+module holds what every family shares (norms, dropout, rotary, the attention core, the block, the
+model); each family's own modules are in ``validate.models`` (``dense``: attention and MLP;
+``moe``; ``deepseek``: multi-head latent attention; ``gpt_oss``).
 
 Every op the planner prices is a module here, and module names are the planner's graph node
 names (``blocks.3.attn.q_proj``), so predicted and measured per-module figures join on one key.
@@ -27,9 +30,10 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
-from planner.model.config import AttentionImpl, MlpKind, ModelConfig, NormKind, NormPlacement, PositionKind, QkNorm
-from validate.mla_model import MlaAttention
-from validate.moe_model import Fp32RMSNorm, MoE
+from planner.model.config import AttentionImpl, ModelConfig, NormKind, NormPlacement, PositionKind
+from validate.models.deepseek import MlaAttention
+from validate.models.dense import Attention, Mlp
+from validate.models.moe import MoE
 
 
 class RMSNorm(nn.Module):
@@ -143,67 +147,6 @@ class AttentionCore(nn.Module):
         return probs if self.sinks is None else probs[..., :-1]
 
 
-class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        n, k, h, d = config.n_heads, config.kv_heads, config.head_dim, config.d_model
-        self.head_dim = h
-        eps = float(config.norm_eps or 1e-6)
-        self.q_proj = nn.Linear(d, n * h, bias=bool(config.qkv_bias))
-        # q/k norms (Qwen3: over each head's H; OLMoE: over all heads) in fp32, before rotary
-        qk = config.qk_norm or QkNorm.NONE
-        self.q_norm = Fp32RMSNorm(h if qk is QkNorm.HEAD else n * h, eps) if qk is not QkNorm.NONE else None
-        self.k_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
-        self.k_norm = Fp32RMSNorm(h if qk is QkNorm.HEAD else k * h, eps) if qk is not QkNorm.NONE else None
-        self.qk_per_head = qk is QkNorm.HEAD
-        self.v_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
-        self.rotary = Rotary() if config.positions is PositionKind.ROTARY else None
-        self.core = AttentionCore(config)
-        self.o_proj = nn.Linear(n * h, d, bias=bool(config.attn_out_bias))
-
-    def project(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, N, T, H), k and v (B, K, T, H), with rotary applied to q and k."""
-        split = "b t (n h) -> b n t h"
-        q = rearrange(self._normed(self.q_proj(x), self.q_norm), split, h=self.head_dim)
-        k = rearrange(self._normed(self.k_proj(x), self.k_norm), split, h=self.head_dim)
-        v = rearrange(self.v_proj(x), split, h=self.head_dim)
-        if self.rotary is not None and rope is not None:
-            q, k = self.rotary(q, k, *rope)
-        return q, k, v
-
-    def _normed(self, x: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
-        """``x`` (B, T, heads H) through the q/k norm, over each head or over all of them."""
-        if norm is None:
-            return x
-        if self.qk_per_head:
-            return norm(x.unflatten(-1, (-1, self.head_dim))).flatten(-2)
-        return norm(x)
-
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        # q, k, v go straight into the core: no local keeps them alive during o_proj
-        return self.o_proj(self.core(*self.project(x, rope), mask))
-
-
-class Mlp(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        d, f, bias = config.d_model, config.d_ff, bool(config.mlp_bias)
-        self.kind = config.mlp
-        self.gate_proj = nn.Linear(d, f, bias=bias) if self.kind is MlpKind.SWIGLU else None
-        self.up_proj = nn.Linear(d, f, bias=bias)
-        self.act = nn.SiLU() if self.kind is MlpKind.SWIGLU else nn.GELU(approximate="tanh")
-        self.down_proj = nn.Linear(f, d, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_proj is not None:
-            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(self.act(self.up_proj(x)))
-
-
 class Block(nn.Module):
     """Pre-norm block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x))); post-norm (OLMo 2):
     x + norm(drop(attn(x))), then x + norm(drop(mlp(x))). Modules register in execution order."""
@@ -213,7 +156,8 @@ class Block(nn.Module):
         self.post = config.norm_placement is NormPlacement.POST
         if not self.post:
             self.attn_norm = make_norm(config)
-        self.attn: nn.Module = MlaAttention(config, AttentionCore(config), Rotary()) if config.mla else Attention(config)
+        self.attn: nn.Module = (MlaAttention(config, AttentionCore(config), Rotary()) if config.mla
+                                else Attention(config, AttentionCore, Rotary))
         self.attn_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         if self.post:
             self.attn_norm = make_norm(config)

@@ -12,7 +12,9 @@ Per block (pre-norm, Llama form; GPT-2 swaps SwiGLU for GELU and adds biases):
 ``attn_norm -> q, k, v -> [rotary] -> core -> o -> [dropout] -> + x -> mlp_norm ->
 [gate -> act], up -> [glu | act] -> down -> [dropout] -> + x``. Post-norm blocks (OLMo 2) run
 ``attn_norm`` after the attention's [dropout] and ``mlp_norm`` after the MLP's, each just before
-its residual add.
+its residual add. A family's own parts come from its package: the MoE MLP of sparse blocks
+(``planner.model.families.moe.blocks``), multi-head latent attention
+(``planner.model.families.deepseek.blocks``).
 """
 
 from __future__ import annotations
@@ -20,23 +22,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 from planner.graph.description import ModelDesc, OpDesc, TpRole
+from planner.graph.description import linear_op as _linear
+from planner.graph.description import simple_op as _simple
 from planner.graph.implementations import adapt
 from planner.model.config import AttentionImpl, MlpKind, ModelConfig, NormKind, NormPlacement, PositionKind, QkNorm
-from planner.model.moe_config import ExpertActivation
+from planner.model.families.deepseek.blocks import mla_attention_ops
+from planner.model.families.moe.blocks import moe_block_ops
 from planner.ops.base import OpKind, OpVariant, ParamTensor
-
-
-def _linear(name: str, block: int | None, x: str, i: int, o: int, bias: bool, tp: TpRole,
-            owns: bool = True, shared: ParamTensor | None = None) -> OpDesc:
-    weight = shared or ParamTensor(name=f"{name}.weight", numel=i * o, rows=o)
-    params: tuple[ParamTensor, ...] = (weight,)
-    if bias:
-        params += (ParamTensor(name=f"{name}.bias", numel=o),)
-    fields = {"in_features": i, "out_features": o, "bias": bias}
-    if not owns:
-        fields["owns_params"] = False
-    return OpDesc(name=name, kind=OpKind.LINEAR, inputs=(x,), block=block, params=params,
-                  fields=tuple(sorted(fields.items())), tp=tp)
 
 
 def _norm(model: ModelConfig, name: str, block: int | None, x: str) -> OpDesc:
@@ -46,12 +38,6 @@ def _norm(model: ModelConfig, name: str, block: int | None, x: str) -> OpDesc:
         params += (ParamTensor(name=f"{name}.bias", numel=model.d_model),)
     return OpDesc(name=name, kind=OpKind.LAYERNORM if layernorm else OpKind.RMSNORM, inputs=(x,), block=block,
                   params=params, fields=(("in_features", model.d_model),), tp=TpRole.SEQUENCE)
-
-
-def _simple(name: str, kind: OpKind, block: int | None, *inputs: str, tp: TpRole = TpRole.SEQUENCE,
-            dropout: float = 0.0) -> OpDesc:
-    return OpDesc(name=name, kind=kind, inputs=inputs, block=block, tp=tp,
-                  fields=(("dropout", dropout),) if dropout else ())
 
 
 def block_ops(model: ModelConfig, b: int, x: str, rope: str | None, mask: str | None
@@ -140,66 +126,6 @@ def _mha_ops(m: ModelConfig, b: int, normed: str, rope: str | None, mask: str | 
     return _linear(f"{p}.attn.o_proj", b, core, n * h, d, bool(m.attn_out_bias), TpRole.ROWWISE)
 
 
-def _slice(name: str, block: int, x: str, keep: int, of: int) -> OpDesc:
-    """A view of ``keep`` of every ``of`` columns of ``x`` (``x[..., a:b]``: no copy)."""
-    return OpDesc(name=name, kind=OpKind.SLICE, inputs=(x,), block=block, tp=TpRole.LOCAL,
-                  fields=(("in_features", of), ("out_features", keep)))
-
-
-def _latent_norm(name: str, block: int, x: str, width: int) -> OpDesc:
-    """MLA's q_a_layernorm / kv_a_layernorm: RMSNorm in fp32, cast back before its weight."""
-    return OpDesc(name=name, kind=OpKind.RMSNORM, inputs=(x,), block=block,
-                  params=(ParamTensor(name=f"{name}.weight", numel=width),),
-                  fields=(("in_features", width), ("variant", OpVariant.NORM_FP32)), tp=TpRole.REPLICATE)
-
-
-def mla_attention_ops(model: ModelConfig, b: int, x: str, rope: str | None
-                      ) -> tuple[list[OpDesc], list[tuple[str, str]], str]:
-    """Block ``b``'s multi-head latent attention up to its core (``validate.mla_model``, in its
-    order): the query (bottleneck or plain), the shared latent and its rotary key (views of one
-    projection), kv_b_proj, rotary on the rope parts, q and k concatenated, v a view; the frame
-    holds of ``MlaAttention.project``'s locals; the core's name."""
-    mla = model.mla
-    assert mla is not None and rope is not None, "multi-head latent attention needs rotary positions"
-    n, d = model.n_heads, model.d_model
-    nope, rdim, vdim, qk = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.qk_head_dim
-    r = mla.kv_lora_rank
-    bias = bool(model.qkv_bias)
-    p = f"blocks.{b}.attn"
-    ops: list[OpDesc] = []
-
-    def add(op: OpDesc) -> str:
-        ops.append(op)
-        return op.name
-
-    if mla.q_lora_rank is None:
-        q = add(_linear(f"{p}.q_proj", b, x, d, n * qk, False, TpRole.COLWISE))
-    else:
-        q = add(_linear(f"{p}.q_a_proj", b, x, d, mla.q_lora_rank, bias, TpRole.REPLICATE))
-        q = add(_latent_norm(f"{p}.q_a_layernorm", b, q, mla.q_lora_rank))
-        q = add(_linear(f"{p}.q_b_proj", b, q, mla.q_lora_rank, n * qk, False, TpRole.COLWISE))
-    latent = add(_linear(f"{p}.kv_a_proj_with_mqa", b, x, d, r + rdim, bias, TpRole.REPLICATE))
-    normed = add(_latent_norm(f"{p}.kv_a_layernorm", b, add(_slice(f"{p}.kv_latent", b, latent, r, r + rdim)), r))
-    kv = add(_linear(f"{p}.kv_b_proj", b, normed, r, n * (nope + vdim), False, TpRole.COLWISE))
-    rot = add(_simple(f"{p}.rotary", OpKind.ROTARY, b, add(_slice(f"{p}.q_rope", b, q, rdim, qk)),
-                      add(_slice(f"{p}.k_rope", b, latent, rdim, r + rdim)), rope, tp=TpRole.LOCAL))
-
-    def concat(name: str, part: str, rope_heads: int) -> str:
-        fields = {"in_features": nope, "out_features": qk, "n_heads": n, "n_kv_heads": rope_heads}
-        return add(OpDesc(name=f"{p}.{name}", kind=OpKind.MLA_CONCAT, inputs=(part, rot), block=b, tp=TpRole.HEADS,
-                          fields=tuple(sorted(fields.items()))))
-
-    q_full = concat("q_concat", add(_slice(f"{p}.q_nope", b, q, nope, qk)), n)
-    k_full = concat("k_concat", add(_slice(f"{p}.k_nope", b, kv, nope, nope + vdim)), 1)
-    v = add(_slice(f"{p}.value", b, kv, vdim, nope + vdim))
-    core_fields: dict[str, object] = {"n_heads": n, "n_kv_heads": n, "head_dim": qk, "v_head_dim": vdim,
-                                      "dropout": model.dropout, "attention_kernel": model.attention_kernel}
-    core = add(OpDesc(name=f"{p}.core", kind=OpKind.ATTENTION_FLASH, inputs=(q_full, k_full, v), block=b,
-                      fields=tuple(sorted(core_fields.items())), tp=TpRole.HEADS))
-    # MlaAttention.project's locals (q, the latent, kv, the rotary outputs) live until it returns
-    return ops, [(q, v), (latent, v), (kv, v), (rot, v)], core
-
-
 def _qk_norm(model: ModelConfig, name: str, block: int, x: str, heads: int) -> OpDesc:
     """RMSNorm of q or k in fp32, cast back before its weight (transformers' Qwen3/OLMoE norm):
     over each head's H values (one (H,) weight) or over all heads' (one (heads H,) weight)."""
@@ -207,63 +133,6 @@ def _qk_norm(model: ModelConfig, name: str, block: int, x: str, heads: int) -> O
     return OpDesc(name=name, kind=OpKind.RMSNORM, inputs=(x,), block=block,
                   params=(ParamTensor(name=f"{name}.weight", numel=width),),
                   fields=(("in_features", width), ("variant", OpVariant.NORM_FP32)), tp=TpRole.LOCAL)
-
-
-def moe_block_ops(model: ModelConfig, b: int, normed: str) -> tuple[list[OpDesc], list[tuple[str, str]], str]:
-    """The MoE MLP of block ``b`` (``validate.moe_model.MoE``): slots, dispatch, the experts'
-    grouped SwiGLU, router, route, combine, and the shared experts; its frame holds; its output."""
-    moe = model.moe
-    assert moe is not None
-    d, i, e = model.d_model, moe.d_ff_expert, moe.n_experts
-    p = f"blocks.{b}.mlp"
-    ops: list[OpDesc] = []
-
-    def add(op: OpDesc) -> str:
-        ops.append(op)
-        return op.name
-
-    def grouped(name: str, x: str, fan_in: int, fan_out: int, tp: TpRole) -> str:
-        # FSDP2 shards the (E, in, out) weights along dim 1 (validate.apply's shard_placement_fn;
-        # torchtitan too when the shard degree exceeds E), the (E, out) biases along dim 0
-        params: tuple[ParamTensor, ...] = (
-            ParamTensor(name=f"{p}.experts.{name}.weight", numel=e * fan_in * fan_out, rows=fan_in, shard_dim=1),)
-        if moe.expert_bias:
-            params += (ParamTensor(name=f"{p}.experts.{name}.bias", numel=e * fan_out, rows=e),)
-        return add(OpDesc(name=f"{p}.experts.{name}", kind=OpKind.GROUPED_LINEAR, inputs=(x,), block=b, params=params,
-                          fields=(("bias", moe.expert_bias), ("in_features", fan_in), ("moe", moe),
-                                  ("out_features", fan_out)), tp=tp))
-
-    slots = add(OpDesc(name=f"{p}.slots", kind=OpKind.MOE_SLOTS, block=b, fields=(("moe", moe),)))
-    rows = add(OpDesc(name=f"{p}.dispatch", kind=OpKind.MOE_DISPATCH, inputs=(normed, slots), block=b,
-                      fields=(("in_features", d),)))
-    # tensor parallelism splits every expert's inner size I (torchtitan's TensorParallel of GroupedExperts;
-    # gpt-oss's biased, interleaved experts are refused under tensor parallelism)
-    if moe.expert_activation is ExpertActivation.CLAMPED_SWIGLU:  # gpt-oss: (gate, up) interleaved
-        gate_up = grouped("gate_up_proj", rows, d, 2 * i, TpRole.COLWISE)
-        hidden = add(OpDesc(name=f"{p}.experts.act", kind=OpKind.CLAMPED_SWIGLU, inputs=(gate_up,), block=b,
-                            tp=TpRole.LOCAL))
-    else:
-        gate = grouped("gate_proj", rows, d, i, TpRole.COLWISE)
-        act = add(_simple(f"{p}.experts.act", OpKind.SILU, b, gate, tp=TpRole.LOCAL))
-        up = grouped("up_proj", rows, d, i, TpRole.COLWISE)
-        hidden = add(_simple(f"{p}.experts.glu", OpKind.GLU_MUL, b, act, up, tp=TpRole.LOCAL))
-    out = grouped("down_proj", hidden, i, d, TpRole.ROWWISE)
-    logits = add(_linear(f"{p}.router", b, normed, d, e, moe.router_bias, TpRole.REPLICATE))
-    weights = add(OpDesc(name=f"{p}.route", kind=OpKind.MOE_ROUTE, inputs=(logits,), block=b, fields=(("moe", moe),)))
-    y = add(OpDesc(name=f"{p}.combine", kind=OpKind.MOE_COMBINE, inputs=(out, weights, slots), block=b,
-                   fields=(("in_features", d),)))
-    if moe.shared_d_ff:
-        s = f"{p}.shared_expert"
-        sg = add(_linear(f"{s}.gate_proj", b, normed, d, moe.shared_d_ff, False, TpRole.COLWISE))
-        sa = add(_simple(f"{s}.act", OpKind.SILU, b, sg, tp=TpRole.LOCAL))
-        su = add(_linear(f"{s}.up_proj", b, normed, d, moe.shared_d_ff, False, TpRole.COLWISE))
-        sh = add(_simple(f"{s}.glu", OpKind.GLU_MUL, b, sa, su, tp=TpRole.LOCAL))
-        shared = add(_linear(f"{s}.down_proj", b, sh, moe.shared_d_ff, d, False, TpRole.ROWWISE))
-        if moe.shared_gate:
-            g = add(_linear(f"{p}.shared_gate", b, normed, d, 1, False, TpRole.REPLICATE))
-            shared = add(OpDesc(name=f"{p}.shared_scale", kind=OpKind.GATE_SCALE, inputs=(shared, g), block=b))
-        y = add(_simple(f"{p}.shared_add", OpKind.RESIDUAL_ADD, b, y, shared))
-    return ops, [(slots, y)], y  # MoE.forward's local ``tokens``
 
 
 @lru_cache(maxsize=64)

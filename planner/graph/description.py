@@ -68,3 +68,26 @@ class ModelDesc:
             for p in op.params:
                 out.setdefault(p.name, p)
         return out
+
+
+# the op constructors every family's blocks are written with
+def linear_op(name: str, block: int | None, x: str, i: int, o: int, bias: bool, tp: TpRole,
+              owns: bool = True, shared: ParamTensor | None = None) -> OpDesc:
+    """A linear ``name`` of block ``block`` (None: outside the blocks) from ``i`` to ``o`` features,
+    owning its weight (or sharing ``shared``, the tied LM head) and a bias if ``bias``."""
+    weight = shared or ParamTensor(name=f"{name}.weight", numel=i * o, rows=o)
+    params: tuple[ParamTensor, ...] = (weight,)
+    if bias:
+        params += (ParamTensor(name=f"{name}.bias", numel=o),)
+    fields = {"in_features": i, "out_features": o, "bias": bias}
+    if not owns:
+        fields["owns_params"] = False
+    return OpDesc(name=name, kind=OpKind.LINEAR, inputs=(x,), block=block, params=params,
+                  fields=tuple(sorted(fields.items())), tp=tp)
+
+
+def simple_op(name: str, kind: OpKind, block: int | None, *inputs: str, tp: TpRole = TpRole.SEQUENCE,
+              dropout: float = 0.0) -> OpDesc:
+    """A parameterless op of ``inputs`` (elementwise, residual add, dropout with its probability)."""
+    return OpDesc(name=name, kind=kind, inputs=inputs, block=block, tp=tp,
+                  fields=(("dropout", dropout),) if dropout else ())

@@ -11,11 +11,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from hardware.kernels import AttentionKernel
-from planner.model.checks import shape_problems, size_problems, with_family_defaults
+from planner.model.checks import shape_problems, with_family_defaults
+from planner.model.families.deepseek.config import MlaConfig
+from planner.model.families.moe.config import MoeConfig
+from planner.model.families.registry import MOE_FAMILIES
 from planner.model.kinds import (
     IMPLEMENTATION_GPT2_ACTIVATION,
     IMPLEMENTATION_LOSS,
-    MOE_FAMILIES,
     TORCHTITAN_LOSS_CHUNKS,
     Activation,
     AttentionImpl,
@@ -31,8 +33,7 @@ from planner.model.kinds import (
     PositionKind,
     QkNorm,
 )
-from planner.model.mla_config import MlaConfig
-from planner.model.moe_config import MoeConfig
+from planner.model.limits import size_problems
 
 __all__ = [
     "Activation",
@@ -88,12 +89,12 @@ class ModelConfig(BaseModel):
     positions: PositionKind | None = None
     norm_eps: float | None = Field(default=None, gt=0)
     qk_norm: QkNorm | None = Field(default=None, description="RMSNorm on q and k: none, head (Qwen3) or full (OLMoE)")
-    moe: MoeConfig | None = Field(default=None, description="mixture-of-experts MLPs (planner.model.moe_config); "
-                                  "None: every block dense")
+    moe: MoeConfig | None = Field(default=None, description="mixture-of-experts MLPs "
+                                  "(planner.model.families.moe.config); None: every block dense")
     mla: MlaConfig | None = Field(
-        default=None, description="multi-head latent attention (planner.model.mla_config; DeepSeek-V2/V3) in place of q/k/v "
-        "projections: qkv_bias then sets q_a_proj's and kv_a_proj_with_mqa's biases (DeepSeek's attention_bias); "
-        "None: plain multi-head attention")
+        default=None, description="multi-head latent attention (planner.model.families.deepseek.config; "
+        "DeepSeek-V2/V3) in place of q/k/v projections: qkv_bias then sets q_a_proj's and kv_a_proj_with_mqa's "
+        "biases (DeepSeek's attention_bias); None: plain multi-head attention")
     rope_theta: float = Field(default=10000.0, gt=0)
     sliding_window: PositiveInt | None = Field(
         default=None, description="keys a query of a sliding layer sees, itself included (transformers' "

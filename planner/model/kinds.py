@@ -1,11 +1,10 @@
 """The kinds a model file names (family, norm, MLP, positions, attention implementation, loss,
-optimizer) and each family's defaults for the fields a file leaves out (its published
-architecture: GPT-2 and the Llama-shaped families as transformers builds them)."""
+optimizer). Each family's defaults for the fields a file leaves out live in its package
+(``planner.model.families.<family>.config``, gathered by ``planner.model.families.registry``)."""
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
 
 class Family(StrEnum):
@@ -103,43 +102,8 @@ class OptimizerImpl(StrEnum):
     FUSED = "fused"  # one fused kernel, updates in place
 
 
-FAMILY_DEFAULTS: dict[Family, dict[str, Any]] = {
-    Family.GPT2: dict(
-        norm=NormKind.LAYERNORM, mlp=MlpKind.GELU, positions=PositionKind.LEARNED,
-        tie_embeddings=True, qkv_bias=True, attn_out_bias=True, mlp_bias=True, norm_bias=True, norm_eps=1e-5,
-    ),
-    Family.LLAMA: dict(
-        norm=NormKind.RMSNORM, mlp=MlpKind.SWIGLU, positions=PositionKind.ROTARY,
-        tie_embeddings=False, qkv_bias=False, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-5,
-    ),
-    Family.MISTRAL: dict(
-        norm=NormKind.RMSNORM, mlp=MlpKind.SWIGLU, positions=PositionKind.ROTARY,
-        tie_embeddings=False, qkv_bias=False, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-5,
-    ),
-    Family.QWEN2: dict(
-        norm=NormKind.RMSNORM, mlp=MlpKind.SWIGLU, positions=PositionKind.ROTARY,
-        tie_embeddings=False, qkv_bias=True, attn_out_bias=False, mlp_bias=False, norm_bias=False, norm_eps=1e-6,
-    ),
-}
-FAMILY_DEFAULTS[Family.QWEN3] = dict(FAMILY_DEFAULTS[Family.QWEN2], qkv_bias=False, qk_norm=QkNorm.HEAD)
-# Olmo2DecoderLayer: post_attention_layernorm / post_feedforward_layernorm on the branches' outputs
-FAMILY_DEFAULTS[Family.OLMO2] = dict(FAMILY_DEFAULTS[Family.LLAMA], qk_norm=QkNorm.FULL,
-                                      norm_placement=NormPlacement.POST)
-FAMILY_DEFAULTS[Family.MIXTRAL] = dict(FAMILY_DEFAULTS[Family.MISTRAL])
-FAMILY_DEFAULTS[Family.QWEN2_MOE] = dict(FAMILY_DEFAULTS[Family.QWEN2])
-FAMILY_DEFAULTS[Family.QWEN3_MOE] = dict(FAMILY_DEFAULTS[Family.QWEN2], qkv_bias=False, qk_norm=QkNorm.HEAD)
-FAMILY_DEFAULTS[Family.OLMOE] = dict(FAMILY_DEFAULTS[Family.LLAMA], qk_norm=QkNorm.FULL)
-FAMILY_DEFAULTS[Family.DEEPSEEK_V3] = dict(FAMILY_DEFAULTS[Family.LLAMA], norm_eps=1e-6)
-# GptOssAttention: q, k, v and o biased (attention_bias), a sink logit per head
-FAMILY_DEFAULTS[Family.GPT_OSS] = dict(FAMILY_DEFAULTS[Family.LLAMA], qkv_bias=True, attn_out_bias=True,
-                                        attention_sinks=True)
-for _defaults in FAMILY_DEFAULTS.values():
-    _defaults.setdefault("attention_sinks", False)
-    _defaults.setdefault("norm_placement", NormPlacement.PRE)
 # The families whose transformers code implementation hf prices (planner.graph.implementations)
 HF_FAMILIES = frozenset({Family.GPT2, Family.LLAMA, Family.MISTRAL, Family.QWEN2})
-MOE_FAMILIES = frozenset({Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.OLMOE, Family.DEEPSEEK_V3,
-                          Family.GPT_OSS})
 
 
 # What each implementation's code runs where a model file does not say (read from its source, at

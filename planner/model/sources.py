@@ -44,7 +44,7 @@ from planner.model.config import (
     effective_loss,
     effective_loss_chunks,
 )
-from planner.model.readers.dense import hf_name, model_from_hf_config
+from planner.model.families.config_json import hf_name, model_from_hf_config
 
 _PRESET_DIR = "presets"
 _SECTIONS = ("model", "training")

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware.collectives import Collective
 from hardware.dtypes import DType
 from hardware.kernels import AttentionKernel, AttentionShape, GemmShape
-from planner.model.moe_config import MoeConfig
+from planner.model.families.moe.config import MoeConfig
 from planner.precision import PrecisionSpec
 
 

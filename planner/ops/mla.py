@@ -1,5 +1,5 @@
-"""Multi-head latent attention's own ops (``planner.graph.blocks.mla_attention_ops``, as
-``validate.mla_model.MlaAttention`` runs them; transformers 5.24.0's ``DeepseekV3Attention``).
+"""Multi-head latent attention's own ops (``planner.model.families.deepseek.blocks``, as
+``validate.models.deepseek.MlaAttention`` runs them; transformers 5.24.0's ``DeepseekV3Attention``).
 
 Notation: N heads, n = qk_nope_head_dim, r = qk_rope_head_dim, q = n + r, v = v_head_dim, and
 ``tokens`` B T. Its projections are linears, its latent norms fp32 RMSNorms, its rotary the

@@ -1,4 +1,4 @@
-"""Mixture-of-experts routing ops, as the reference MoE runs them (``validate.moe_model``).
+"""Mixture-of-experts routing ops, as the reference MoE runs them (``validate.models.moe``).
 
 Notation: N tokens of the micro-batch (on this rank), D d_model, E experts, k top_k, C rows per
 expert (``MoeConfig.expert_rows``: N k / E balanced), R = E C expert rows. The experts' matmuls
@@ -10,7 +10,7 @@ and elementwise products); their time is the bytes they move.
 from __future__ import annotations
 
 from hardware.dtypes import DType
-from planner.model.moe_config import MoeConfig, RouterScoring
+from planner.model.families.moe.config import MoeConfig, RouterScoring
 from planner.ops.base import AllocSequence, LayerCost, LayerSpec, OpContext, OpKind, TensorInfo
 from planner.ops.registry import register
 

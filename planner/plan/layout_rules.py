@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from planner.errors import ConfigError
 from planner.model.config import AttentionImpl, Implementation, LossKind, ModelConfig, PositionKind, effective_loss
-from planner.model.moe_config import ExpertActivation
+from planner.model.families.moe.config import ExpertActivation
 from planner.plan.parallel_dims import ParallelDims
 
 # the shortest share of a sequence a searched context-parallel degree leaves a rank: below it the

@@ -19,7 +19,7 @@ from hardware.errors import ConfigError
 from hardware.registry import load_hardware
 from hardware.validation import describe_validation_error
 from planner.model.config import ModelConfig, TrainConfig
-from planner.model.moe_config import MoeConfig
+from planner.model.families.moe.config import MoeConfig
 from planner.model.sources import model_from_hf_config, resolve
 from planner.plan.knobs import Knobs
 from planner.plan.parallel_dims import ParallelDims

@@ -15,8 +15,8 @@ from hardware.registry import load_hardware
 from planner.errors import ConfigError
 from planner.graph.params import param_tensors
 from planner.model.config import AttentionImpl, Family, LayerType, ModelConfig, TrainConfig
-from planner.model.moe_config import ExpertActivation, MoeConfig, RouterScoring
-from planner.model.readers.dense import model_from_hf_config
+from planner.model.families.config_json import model_from_hf_config
+from planner.model.families.moe.config import ExpertActivation, MoeConfig, RouterScoring
 from planner.model.sources import load_preset
 from planner.plan.knobs import Knobs
 from planner.program.estimate import estimate

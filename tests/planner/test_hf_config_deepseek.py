@@ -13,9 +13,9 @@ import pytest
 from planner.errors import ConfigError
 from planner.graph.params import param_tensors
 from planner.model.config import Family
-from planner.model.mla_config import MlaConfig
-from planner.model.moe_config import MoeConfig
-from planner.model.readers.dense import model_from_hf_config
+from planner.model.families.config_json import model_from_hf_config
+from planner.model.families.deepseek.config import MlaConfig
+from planner.model.families.moe.config import MoeConfig
 from planner.model.sources import load_preset
 
 # deepseek-ai/DeepSeek-V3 config.json (https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json),

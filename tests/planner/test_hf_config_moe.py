@@ -16,8 +16,8 @@ import pytest
 from planner.errors import ConfigError
 from planner.graph.params import param_tensors
 from planner.model.config import Family, QkNorm
-from planner.model.moe_config import MoeConfig
-from planner.model.readers.dense import model_from_hf_config
+from planner.model.families.config_json import model_from_hf_config
+from planner.model.families.moe.config import MoeConfig
 from planner.model.sources import load_preset, load_workload
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Multi-head latent attention and DeepSeek-V3's router (``planner.model.mla_config``, ``planner.ops.mla``,
-``validate.mla_model``, ``MoeConfig.scoring``): the planner's peak against the live-storage tracker
+"""Multi-head latent attention and DeepSeek-V3's router (``planner.model.families.deepseek.config``, ``planner.ops.mla``,
+``validate.models.deepseek``, ``MoeConfig.scoring``): the planner's peak against the live-storage tracker
 over small DeepSeek-V3-shaped reference models with balanced routing, FLOPs against
 FlopCounterMode, the description against the reference modules, and refusals."""
 
@@ -10,7 +10,7 @@ import pytest
 from hardware.registry import load_hardware
 from planner.errors import ConfigError
 from planner.model.config import ModelConfig, TrainConfig
-from planner.model.moe_config import MoeConfig
+from planner.model.families.moe.config import MoeConfig
 from planner.plan.knobs import Knobs
 from planner.plan.parallel_dims import ParallelDims
 from planner.program.estimate import estimate

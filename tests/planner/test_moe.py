@@ -1,4 +1,4 @@
-"""Mixture-of-experts blocks (``planner.model.moe_config``, ``planner.ops.moe``, ``validate.moe_model``):
+"""Mixture-of-experts blocks (``planner.model.families.moe.config``, ``planner.ops.moe``, ``validate.models.moe``):
 the planner's peak against the live-storage tracker over the reference MoE with balanced routing,
 FLOPs against FlopCounterMode, the description against the reference modules, active-parameter
 FLOPs, and refusals."""
@@ -10,7 +10,7 @@ import pytest
 from hardware.registry import load_hardware
 from planner.errors import ConfigError
 from planner.model.config import ModelConfig, TrainConfig
-from planner.model.moe_config import MoeConfig
+from planner.model.families.moe.config import MoeConfig
 from planner.plan.knobs import Knobs
 from planner.plan.parallel_dims import ParallelDims
 from planner.program.estimate import estimate

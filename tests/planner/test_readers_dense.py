@@ -15,7 +15,7 @@ from hardware.registry import load_hardware
 from planner.errors import ConfigError
 from planner.graph.params import count_params
 from planner.model.config import AttentionImpl, Family, LayerType, ModelConfig, QkNorm, TrainConfig
-from planner.model.readers.dense import model_from_hf_config
+from planner.model.families.config_json import model_from_hf_config
 from planner.model.sources import load_preset, resolve
 from planner.plan.knobs import Knobs
 from planner.program.estimate import estimate

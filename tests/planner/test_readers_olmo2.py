@@ -15,7 +15,7 @@ from hardware.registry import load_hardware
 from planner.errors import ConfigError
 from planner.graph.params import count_params, param_tensors
 from planner.model.config import Family, ModelConfig, NormPlacement, QkNorm
-from planner.model.readers.dense import model_from_hf_config
+from planner.model.families.config_json import model_from_hf_config
 from planner.model.sources import load_preset, resolve
 from planner.plan.knobs import Knobs
 from planner.program.estimate import estimate

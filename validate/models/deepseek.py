@@ -10,7 +10,7 @@ nope and rope parts (the rotary key expanded over the heads: a view); values a v
 is built by ``torch.cat`` (transformers copies the two parts into a ``new_empty`` tensor), the
 rotary embedding is the rotate-half form (``rope_interleave`` false; interleaving is a weight
 layout), and the softmax scale is SDPA's default 1/sqrt(nope + rope) (DeepSeek's yarn mscale only
-rescales it). The planner describes the same ops (``planner.graph.blocks.mla_attention_ops``).
+rescales it). The planner describes the same ops (``planner.model.families.deepseek.blocks``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from planner.model.config import ModelConfig
-from validate.moe_model import Fp32RMSNorm
+from validate.models.dense import Fp32RMSNorm
 
 # transformers' DeepseekV3RMSNorm default: q_a_layernorm and kv_a_layernorm do not take rms_norm_eps
 LATENT_NORM_EPS = 1e-6

@@ -1,7 +1,8 @@
 """The mixture-of-experts transformers configs (model_type mixtral, qwen2_moe, qwen3_moe, olmoe;
-deepseek_v3 in ``planner.model.readers.deepseek``):
+deepseek_v3 in ``planner.model.families.deepseek``, gpt_oss in ``planner.model.families.gpt_oss``):
 what they add to a Llama-like ``config.json``, read into ``ModelConfig`` fields (``moe``,
-``qk_norm``, ``attention_head_dim``, the attention biases). ``planner.model.readers.dense`` reads the rest.
+``qk_norm``, ``attention_head_dim``, the attention biases). ``planner.model.families.dense.reader``
+reads the rest (``gated_shape``, ``gated_fields``).
 
 Mapped from transformers 5.24.0's ``configuration_<type>.py`` and ``modeling_<type>.py``:
 
@@ -28,32 +29,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.model.config import QkNorm
-from planner.model.readers.deepseek import DEEPSEEK_DEFAULTS, deepseek_fields
-from planner.model.readers.fields import hf_bool, hf_float, hf_int, refuse_rope_types
-from planner.model.readers.gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_fields
-
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss")
-
-# Model types read far enough to say why they cannot be planned (transformers 5.24.0's
-# modeling_<type>.py): what each runs that the planner does not price.
-_GEMMA3 = ("not modelled yet: its sliding/global layer pattern with two RoPE bases, norms before and after "
-           "attention and MLP, q/k RMSNorm, the GeGLU (gelu tanh) MLP and the embedding scaled by sqrt(hidden_size); "
-           "describe it in a YAML model file with the fields the planner has, or plan another model")
-_LLAMA4 = ("not modelled yet: mixture-of-experts blocks interleaved with dense ones, chunked local attention "
-           "(attention_chunk_size) and no-RoPE layers; plan another model")
-REFUSED_TYPES: dict[str, str] = {
-    "phi3": ("not modelled yet: Phi3Attention's fused qkv_proj and Phi3MLP's fused gate_up_proj (one projection, "
-             "split into views) and partial_rotary_factor; plan it as a llama config.json of the same sizes for "
-             "an approximate answer"),
-    "gemma2": ("not modelled yet: attention and final logit soft-capping (tanh), norms before and after attention "
-               "and MLP, the GeGLU (gelu tanh) MLP, query_pre_attn_scalar and the sqrt(hidden_size)-scaled "
-               "embedding; plan another model"),
-    "gemma3": _GEMMA3,
-    "gemma3_text": _GEMMA3,
-    "llama4": _LLAMA4,
-    "llama4_text": _LLAMA4,
-}
+from planner.model.families.dense.reader import GATED_KEYS, gated_fields, gated_shape
+from planner.model.families.fields import FamilyReader, FamilySpec, Shape, hf_bool, hf_float, hf_int, refuse_rope_types
+from planner.model.families.moe.config import FILE_DEFAULTS, SECTIONS
+from planner.model.kinds import QkNorm
 
 # transformers' defaults (MixtralConfig / Qwen2MoeConfig / Qwen3MoeConfig / OlmoeConfig) for the keys
 # a config.json may omit; tests check these against the installed transformers.
@@ -81,8 +60,6 @@ MOE_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": None, "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
         "router_aux_loss_coef": 0.01, "attention_bias": False,
     },
-    "deepseek_v3": DEEPSEEK_DEFAULTS,
-    "gpt_oss": GPT_OSS_DEFAULTS,  # planner.model.readers.gpt_oss reads its fields
 }
 
 # The key holding E, then the alias transformers' attribute_map also reads (Qwen2MoeConfig has none:
@@ -101,10 +78,6 @@ def moe_fields(
 ) -> dict[str, Any]:
     """The ModelConfig fields a MoE config.json sets beyond the Llama-like ones (``d_ff`` is its
     ``intermediate_size``); a ConfigError naming the key for what the planner cannot express."""
-    if model_type == "deepseek_v3":  # planner.model.readers.deepseek
-        return deepseek_fields(data, n_heads=n_heads, context=context)
-    if model_type == "gpt_oss":
-        return gpt_oss_fields(data, n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_ff=d_ff, context=context)
     defaults = MOE_DEFAULTS[model_type]
     _refuse_unmodelled(data, model_type, n_layers, context)
     if model_type in ("qwen2_moe", "qwen3_moe") and "num_key_value_heads" in data and data["num_key_value_heads"] is None:
@@ -147,6 +120,16 @@ def moe_fields(
                               f"{d_model} / {n_heads}; OlmoeAttention's q/k norms span hidden_size and cannot run it; "
                               "drop head_dim")
         fields["attention_head_dim"] = head_dim
+    return fields
+
+
+def _fields(
+    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: Shape, context: str
+) -> dict[str, Any]:
+    """A MoE type's ModelConfig fields: the Llama-like ones, then its own."""
+    fields = gated_fields(data, model_type, defaults, context)
+    fields.update(moe_fields(data, model_type, n_layers=shape.n_layers, d_model=shape.d_model, n_heads=shape.n_heads,
+                             d_ff=shape.d_ff, context=context))
     return fields
 
 
@@ -200,3 +183,9 @@ def _refuse_unmodelled(data: Mapping[str, Any], model_type: str, n_layers: int, 
                           "training) is not modelled; set it to 0")
     if model_type == "olmoe" and data.get("clip_qkv") is not None:
         raise ConfigError(f"{context}: clip_qkv: clamping q, k and v is not modelled; set it to null")
+
+
+READER = FamilyReader(defaults=MOE_DEFAULTS, shape=gated_shape, fields=_fields, keys=GATED_KEYS)
+
+# the family's registration (planner.model.families.registry)
+FAMILY = FamilySpec(readers=(READER,), defaults=FILE_DEFAULTS, sections=SECTIONS)

@@ -1,17 +1,21 @@
-"""Typed reads of one transformers ``config.json`` value: a missing or null key takes the given
-default (transformers' own, for the model type), a wrong one is a ``ConfigError`` naming the key.
+"""What every family's ``config.json`` reader is made of: typed reads of one value (a missing or
+null key takes the given default, transformers' own for the model type; a wrong one is a
+``ConfigError`` naming the key), the sizes every model type has (``Shape``), the reader of a
+family's model types (``FamilyReader``) and what a family registers (``FamilySpec``: its readers,
+its model-file defaults and sections; ``planner.model.families.registry`` collects them).
 
-Shared by ``planner.model.readers.dense`` (dense model types) and ``planner.model.readers.moe`` (mixture-of-
-experts ones) so neither imports the other's internals.
+Shared by every family's ``reader`` so none imports another's internals for them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from planner.errors import ConfigError
-from planner.model.checks import CONFIG_JSON_SIZE_KEYS, size_problem
+from planner.model.kinds import Family
+from planner.model.limits import CONFIG_JSON_SIZE_KEYS, size_problem
 
 
 def hf_int(data: Mapping[str, Any], key: str, context: str, default: int | None = None) -> int:
@@ -73,3 +77,46 @@ def refuse_rope_types(data: Mapping[str, Any], context: str, allowed: tuple[str 
         kind = nested.get("rope_type", nested.get("type"))
         if kind not in allowed:
             raise ConfigError(f"{context}: {key}: rope type {kind!r} is not modelled {priced}; {fix.format(key=key)}")
+
+
+class Shape(NamedTuple):
+    """The sizes every model type has, with the file keys its head counts came from (for messages)."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int
+    heads_key: str
+    kv_key: str
+
+
+@dataclass(frozen=True)
+class FamilyReader:
+    """One family's reader of the ``config.json`` of its model types.
+
+    ``defaults``: each model type's transformers class defaults for the keys a file may omit (tests
+    check them against the installed transformers); ``shape`` reads the sizes, ``fields`` the rest
+    of the ModelConfig fields (``fields(data, model_type, defaults, shape, context)``); ``keys``
+    names ModelConfig fields by the file's keys in messages (``rms_norm_eps``, not ``norm_eps``)."""
+
+    defaults: Mapping[str, Mapping[str, Any]]
+    shape: Callable[[Mapping[str, Any], Mapping[str, Any], str], Shape]
+    fields: Callable[[Mapping[str, Any], str, Mapping[str, Any], Shape, str], dict[str, Any]]
+    keys: Mapping[str, str]
+
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        return tuple(self.defaults)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What a family package registers (its ``reader.FAMILY``): the readers of its model types;
+    the defaults a model file of each of its families leaves out (its published architecture);
+    the sections (``moe``, ``mla``) a model file of each must have."""
+
+    readers: tuple[FamilyReader, ...]
+    defaults: Mapping[Family, Mapping[str, Any]]
+    sections: Mapping[Family, tuple[str, ...]]

@@ -1,5 +1,5 @@
 """The gpt-oss transformers config (model_type gpt_oss): what it adds to a Llama-like ``config.json``,
-read into ``ModelConfig`` fields. ``planner.model.readers.dense`` reads the common sizes.
+read into ``ModelConfig`` fields. ``planner.model.families.dense.reader`` reads the common sizes.
 
 Mapped from transformers 5.24.0's ``configuration_gpt_oss.py`` (``GptOssConfig``) and
 ``modeling_gpt_oss.py``:
@@ -31,10 +31,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.model.config import AttentionImpl, LayerType, QkNorm
-from planner.model.moe_config import ExpertActivation, RouterScoring
-from planner.model.readers.fields import hf_bool, hf_float, hf_int, refuse_rope_types
-from planner.model.readers.windows import listed_layer_types
+from planner.model.families.dense.reader import GATED_KEYS, gated_fields, gated_shape
+from planner.model.families.dense.windows import listed_layer_types
+from planner.model.families.fields import FamilyReader, FamilySpec, Shape, hf_bool, hf_float, hf_int, refuse_rope_types
+from planner.model.families.gpt_oss.config import FILE_DEFAULTS, SECTIONS
+from planner.model.families.moe.config import ExpertActivation, RouterScoring
+from planner.model.kinds import AttentionImpl, LayerType, QkNorm
 
 # GptOssConfig's defaults (transformers 5.24.0) for the keys a config.json may omit; tests check
 # them against the installed transformers.
@@ -114,3 +116,19 @@ def _layer_types(data: Mapping[str, Any], n_layers: int, context: str) -> tuple[
 def _refuse_rope(data: Mapping[str, Any], context: str) -> None:
     refuse_rope_types(data, context, _ROPE_TYPES, "for gpt_oss (yarn and default cost plain RoPE)",
                       "use rope_type yarn or default")
+
+
+def _fields(
+    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: Shape, context: str
+) -> dict[str, Any]:
+    """gpt_oss's ModelConfig fields: the Llama-like ones (its ``hidden_act`` is read by nothing), then its own."""
+    fields = gated_fields(data, model_type, defaults, context, read_act=False)
+    fields.update(gpt_oss_fields(data, n_layers=shape.n_layers, d_model=shape.d_model, n_heads=shape.n_heads,
+                                 d_ff=shape.d_ff, context=context))
+    return fields
+
+
+READER = FamilyReader(defaults={"gpt_oss": GPT_OSS_DEFAULTS}, shape=gated_shape, fields=_fields, keys=GATED_KEYS)
+
+# the family's registration (planner.model.families.registry)
+FAMILY = FamilySpec(readers=(READER,), defaults=FILE_DEFAULTS, sections=SECTIONS)

@@ -7,12 +7,18 @@ shared by every head), normed, then expanded per head (``kv_b_proj`` -> N (nope 
 and key head is the concatenation of a ``qk_nope_head_dim`` part without positions and a
 ``qk_rope_head_dim`` part with RoPE; values are ``v_head_dim`` wide, so ``o_proj`` maps N v -> D.
 Field names follow transformers' ``DeepseekV3Config`` (``q_lora_rank``, ``kv_lora_rank``,
-``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``).
+``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``). DeepSeek-V3's defaults for the fields a
+model file leaves out follow the class.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from planner.model.families.dense.config import FILE_DEFAULTS as DENSE_DEFAULTS
+from planner.model.kinds import Family
 
 
 class MlaConfig(BaseModel):
@@ -40,3 +46,8 @@ class MlaConfig(BaseModel):
     def qk_head_dim(self) -> int:
         """Each query/key head's size: nope + rope."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+FILE_DEFAULTS: dict[Family, dict[str, Any]] = {Family.DEEPSEEK_V3: dict(DENSE_DEFAULTS[Family.LLAMA], norm_eps=1e-6)}
+# multi-head latent attention and MoE MLPs: a model file of the family must have both sections
+SECTIONS: dict[Family, tuple[str, ...]] = {Family.DEEPSEEK_V3: ("mla", "moe")}

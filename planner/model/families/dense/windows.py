@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.model.config import LayerType
-from planner.model.readers.fields import hf_bool, hf_int
+from planner.model.families.fields import hf_bool, hf_int
+from planner.model.kinds import LayerType
 
 # transformers 5.24.0's class defaults of the window keys (MistralConfig; Qwen2Config and Qwen3Config)
 WINDOW_DEFAULTS: dict[str, dict[str, Any]] = {

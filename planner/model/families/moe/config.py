@@ -1,4 +1,5 @@
-"""A mixture-of-experts MLP's configuration (``ModelConfig.moe``), in transformers' vocabulary.
+"""A mixture-of-experts MLP's configuration (``ModelConfig.moe``), in transformers' vocabulary, and
+the MoE families' defaults for the fields a model file leaves out.
 
 The MoE block replaces a block's MLP: a router linear (D -> E) scores each token, the top-k
 experts (gated MLPs of inner size I) run on the tokens routed to them, and their outputs are
@@ -19,8 +20,12 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+
+from planner.model.families.dense.config import FILE_DEFAULTS as DENSE_DEFAULTS
+from planner.model.kinds import Family, QkNorm
 
 
 class RouterScoring(StrEnum):
@@ -132,3 +137,13 @@ class MoeConfig(BaseModel):
         if self.capacity_factor is not None:
             return max(1, math.ceil(self.capacity_factor * mean))
         return max(1, math.ceil(self.routing_imbalance * mean))
+
+
+FILE_DEFAULTS: dict[Family, dict[str, Any]] = {
+    Family.MIXTRAL: dict(DENSE_DEFAULTS[Family.MISTRAL]),  # Mistral with MoE MLPs
+    Family.QWEN2_MOE: dict(DENSE_DEFAULTS[Family.QWEN2]),  # Qwen2 with MoE MLPs, a gated shared expert
+    Family.QWEN3_MOE: dict(DENSE_DEFAULTS[Family.QWEN2], qkv_bias=False, qk_norm=QkNorm.HEAD),
+    Family.OLMOE: dict(DENSE_DEFAULTS[Family.LLAMA], qk_norm=QkNorm.FULL),
+}
+# the sections a model file of these families must have (planner.model.checks names a missing one)
+SECTIONS: dict[Family, tuple[str, ...]] = {family: ("moe",) for family in FILE_DEFAULTS}

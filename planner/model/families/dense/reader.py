@@ -1,5 +1,5 @@
-"""Read a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2, qwen3, and the mixture-
-of-experts mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt_oss) as a ModelConfig.
+"""The dense families' transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2, qwen3,
+olmo2), and the Llama-like sizes and fields every other family's reader starts from.
 
 transformers 5.24.0 (``models/<type>/configuration_<type>.py``, ``modeling_<type>.py``):
 ``LlamaAttention``, ``MistralAttention``, ``Qwen2Attention`` and ``Qwen3Attention`` project
@@ -11,44 +11,38 @@ bias. olmo2 (``Olmo2DecoderLayer``) norms each branch's output before its residu
 (``post_attention_layernorm``, ``post_feedforward_layernorm``: norm_placement post), RMSNorms q and
 k over all heads (N ``head_dim`` and K ``head_dim`` wide: qk_norm full) and has ``attention_bias``
 on q, k, v and o. Sliding windows (mistral, qwen2, qwen3) are read by
-``planner.model.readers.windows``.
+``planner.model.families.dense.windows``.
 
-Keys a config.json may omit take transformers' own defaults (``_HF_DEFAULTS``; tests check them
+Keys a config.json may omit take transformers' own defaults (``HF_DEFAULTS``; tests check them
 against the installed transformers). Every problem is a ``ConfigError`` naming the file and key.
-The MoE types' own fields are read by ``planner.model.readers.moe``.
+``planner.model.families.registry`` dispatches a file to its family's reader (``GPT2``, ``GATED``
+here) by ``model_type``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from pydantic import ValidationError
-
-from hardware.validation import describe_validation_error
 from planner.errors import ConfigError
-from planner.model.checks import config_json_keys
-from planner.model.config import Activation, Family, MlpKind, ModelConfig, PositionKind, QkNorm
-from planner.model.readers.fields import hf_bool as _hf_bool
-from planner.model.readers.fields import hf_float as _hf_float
-from planner.model.readers.fields import hf_int as _hf_int
-from planner.model.readers.fields import hf_rope_theta as _hf_rope_theta
-from planner.model.readers.moe import MOE_DEFAULTS, MOE_TYPES, REFUSED_TYPES, moe_fields
-from planner.model.readers.windows import window_fields
+from planner.model.families.dense.config import FILE_DEFAULTS, SECTIONS
+from planner.model.families.dense.windows import window_fields
+from planner.model.families.fields import FamilyReader, FamilySpec, Shape
+from planner.model.families.fields import hf_bool as _hf_bool
+from planner.model.families.fields import hf_float as _hf_float
+from planner.model.families.fields import hf_int as _hf_int
+from planner.model.families.fields import hf_rope_theta as _hf_rope_theta
+from planner.model.kinds import Activation, MlpKind, PositionKind, QkNorm
 
-_HF_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", *MOE_TYPES)
-# dense types whose attention honours an explicit head_dim; qwen3's class default is 128
-_HEAD_DIM_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
-
-# transformers' defaults (its GPT2Config / LlamaConfig / MistralConfig / Qwen2Config; the MoE types'
-# in planner.model.readers.moe) for the keys a config.json may omit; tests check these against the
-# installed transformers.
-_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+# transformers' defaults (its GPT2Config / LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config /
+# Olmo2Config) for the keys a config.json may omit; tests check these against the installed transformers.
+GPT2_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": {
         "n_positions": 1024, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
         "activation_function": "gelu_new", "resid_pdrop": 0.1,
     },
+}
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {
         "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "hidden_act": "silu",
         "attention_dropout": 0.0, "attention_bias": False, "mlp_bias": False, "rope_theta": 10000.0,
@@ -70,8 +64,17 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "hidden_act": "silu",
         "attention_dropout": 0.0, "rope_theta": 10000.0, "attention_bias": False,
     },
-    **MOE_DEFAULTS,
 }
+
+# ModelConfig fields -> the config.json keys the readers fill them from, for messages about a
+# config.json (``rms_norm_eps``, not ``norm_eps``); every Llama-like family's reader uses GATED_KEYS
+GPT2_KEYS = {"n_layers": "n_layer", "d_model": "n_embd", "n_heads": "n_head", "n_kv_heads": "n_head",
+             "d_ff": "n_inner", "max_seq_len": "n_positions", "norm_eps": "layer_norm_epsilon",
+             "dropout": "resid_pdrop", "tie_embeddings": "tie_word_embeddings", "activation": "activation_function"}
+GATED_KEYS = {"n_layers": "num_hidden_layers", "d_model": "hidden_size", "n_heads": "num_attention_heads",
+              "n_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size", "max_seq_len": "max_position_embeddings",
+              "norm_eps": "rms_norm_eps", "dropout": "attention_dropout", "tie_embeddings": "tie_word_embeddings",
+              "attention_head_dim": "head_dim", "activation": "hidden_act"}
 
 # Activations priced as our MLP kinds. GPT-2's MLP is up -> GELU -> down: the reference model runs
 # every variant as the fused tanh GELU (same shapes and FLOPs); the file's variant is kept as
@@ -81,44 +84,19 @@ _GPT2_ACTS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu"})
 _GATED_ACTS = frozenset({"silu", "swish"})
 
 
-class _Shape(NamedTuple):
-    """The sizes every model type has, with the file keys its head counts came from (for messages)."""
-
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    d_ff: int
-    max_seq_len: int
-    heads_key: str
-    kv_key: str
-
-
-def _checked_model_type(data: Any, context: str) -> str:
-    """The file's ``model_type``, after checking ``data`` is an object and the type is one we read."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{context}: expected a JSON object, got {type(data).__name__}")
-    model_type = data.get("model_type")
-    if isinstance(model_type, str) and model_type in REFUSED_TYPES:
-        raise ConfigError(f"{context}: model_type: {model_type}: {REFUSED_TYPES[model_type]}")
-    if model_type not in _HF_TYPES:
-        raise ConfigError(
-            f"{context}: model_type: {model_type!r} is not supported; supported model types: {', '.join(_HF_TYPES)}"
-        )
-    return model_type
-
-
-def _gpt2_shape(data: Mapping[str, Any], defaults: Mapping[str, Any], context: str) -> _Shape:
+def _gpt2_shape(data: Mapping[str, Any], defaults: Mapping[str, Any], context: str) -> Shape:
     """GPT-2's sizes (``n_layer``, ``n_embd``, ``n_head``, ``n_inner``, ``n_positions``); it is MHA."""
     n_layers = _hf_int(data, "n_layer", context)
     d_model = _hf_int(data, "n_embd", context)
     n_heads = _hf_int(data, "n_head", context)
     d_ff = _hf_int(data, "n_inner", context, default=4 * d_model)  # None: 4 * n_embd
     max_seq_len = _hf_int(data, "n_positions", context, default=defaults["n_positions"])
-    return _Shape(n_layers, d_model, n_heads, n_heads, d_ff, max_seq_len, "n_head", "n_head")
+    return Shape(n_layers, d_model, n_heads, n_heads, d_ff, max_seq_len, "n_head", "n_head")
 
 
-def _gpt2_fields(data: Mapping[str, Any], defaults: Mapping[str, Any], context: str) -> dict[str, Any]:
+def _gpt2_fields(
+    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: Shape, context: str
+) -> dict[str, Any]:
     """GPT-2's remaining ModelConfig fields: GELU MLP, learned positions, every bias, LayerNorm eps, dropout."""
     act_key = "activation_function"
     act = data.get(act_key) or defaults[act_key]
@@ -136,7 +114,7 @@ def _gpt2_fields(data: Mapping[str, Any], defaults: Mapping[str, Any], context: 
     }
 
 
-def _gated_shape(data: Mapping[str, Any], defaults: Mapping[str, Any], context: str) -> _Shape:
+def gated_shape(data: Mapping[str, Any], defaults: Mapping[str, Any], context: str) -> Shape:
     """The sizes of the Llama-like types: required, except where the config class has a default
     (GptOssConfig gives every size one); ``num_key_value_heads`` null means MHA."""
     n_layers = _hf_int(data, "num_hidden_layers", context, default=defaults.get("num_hidden_layers"))
@@ -150,7 +128,7 @@ def _gated_shape(data: Mapping[str, Any], defaults: Mapping[str, Any], context: 
         n_kv_heads = defaults.get(kv_key) or n_heads
     d_ff = _hf_int(data, "intermediate_size", context, default=defaults.get("intermediate_size"))
     max_seq_len = _hf_int(data, "max_position_embeddings", context, default=defaults["max_position_embeddings"])
-    return _Shape(n_layers, d_model, n_heads, n_kv_heads, d_ff, max_seq_len, heads_key, kv_key)
+    return Shape(n_layers, d_model, n_heads, n_kv_heads, d_ff, max_seq_len, heads_key, kv_key)
 
 
 def _gated_biases(
@@ -167,40 +145,43 @@ def _gated_biases(
         attn_bias = _hf_bool(data, "attention_bias", context, defaults["attention_bias"])
         return attn_bias, attn_bias, False
     # MistralAttention/MistralMLP have no bias switch: transformers ignores attention_bias here
-    # (the MoE types' biases are set by moe_fields)
+    # (the other families' readers set their own biases)
     return False, False, False
 
 
-def _gated_fields(
-    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: _Shape, context: str
+def gated_fields(
+    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], context: str, *, read_act: bool = True
 ) -> dict[str, Any]:
-    """A Llama-like type's remaining ModelConfig fields: SwiGLU MLP, rotary positions, biases, RMSNorm eps,
-    dropout, and for the MoE types their own fields."""
+    """The fields every Llama-like type has: SwiGLU MLP, rotary positions, biases, RMSNorm eps, dropout
+    (``read_act`` false: the file's ``hidden_act`` is read by nothing, as in gpt-oss)."""
     act = data.get("hidden_act") or defaults["hidden_act"]
-    if model_type != "gpt_oss" and (not isinstance(act, str) or act not in _GATED_ACTS):  # gpt-oss reads none
+    if read_act and (not isinstance(act, str) or act not in _GATED_ACTS):
         raise ConfigError(
             f"{context}: hidden_act: {act!r} is not supported; the gated MLP of {model_type} is priced as SwiGLU "
             f"and needs one of {', '.join(sorted(_GATED_ACTS))}"
         )
     qkv_bias, out_bias, mlp_bias = _gated_biases(data, model_type, defaults, context)
-    fields = {
+    return {
         "mlp": MlpKind.SWIGLU, "positions": PositionKind.ROTARY, "activation": Activation.SILU,
         "qkv_bias": qkv_bias, "attn_out_bias": out_bias, "mlp_bias": mlp_bias,
         "norm_eps": _hf_float(data, "rms_norm_eps", context, defaults["rms_norm_eps"]),
         "rope_theta": _hf_rope_theta(data, context, defaults["rope_theta"]),
         "dropout": _hf_float(data, "attention_dropout", context, defaults["attention_dropout"]),
     }
+
+
+def _dense_fields(
+    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: Shape, context: str
+) -> dict[str, Any]:
+    """A dense Llama-like type's ModelConfig fields: the common ones, its sliding windows, its head dim."""
+    fields = gated_fields(data, model_type, defaults, context)
     fields.update(window_fields(data, model_type, shape.n_layers, context))
-    if model_type in _HEAD_DIM_TYPES:
-        fields.update(_head_dim_fields(data, model_type, defaults, shape, context))
-    if model_type in MOE_TYPES:
-        fields.update(moe_fields(data, model_type, n_layers=shape.n_layers, d_model=shape.d_model,
-                                 n_heads=shape.n_heads, d_ff=shape.d_ff, context=context))
+    fields.update(_head_dim_fields(data, model_type, defaults, shape, context))
     return fields
 
 
 def _head_dim_fields(
-    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: _Shape, context: str
+    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: Shape, context: str
 ) -> dict[str, Any]:
     """``attention_head_dim`` where the file's ``head_dim`` (qwen3: its class default too) is not D / N,
     and qwen3's per-head q/k norms."""
@@ -216,66 +197,8 @@ def _head_dim_fields(
     return fields
 
 
-def _check_heads(
-    data: Mapping[str, Any], model_type: str, shape: _Shape, fields: Mapping[str, Any], context: str
-) -> None:
-    """Refuse GPT-2's explicit head dim (its attention reads none), a hidden size the heads do not
-    divide (unless the type sets its own head dim or uses MLA; LlamaConfig requires it anyway) and
-    query heads the KV heads do not divide."""
-    d_model, n_heads, heads_key = shape.d_model, shape.n_heads, shape.heads_key
-    head_dim = data.get("head_dim")
-    if model_type == "gpt2" and head_dim is not None and head_dim != d_model / n_heads:
-        raise ConfigError(
-            f"{context}: head_dim: {head_dim!r} differs from n_embd / {heads_key} = {d_model} / {n_heads}; GPT-2's "
-            "attention splits n_embd into n_head heads and an explicit head dim is not supported"
-        )
-    own_dim = (fields.get("attention_head_dim") or fields.get("mla")) and model_type != "llama"
-    if d_model % n_heads and not own_dim:
-        raise ConfigError(f"{context}: {heads_key}: hidden size {d_model} is not divisible by {n_heads} heads")
-    if n_heads % shape.n_kv_heads:
-        raise ConfigError(
-            f"{context}: {shape.kv_key}: {n_heads} attention heads are not divisible by {shape.n_kv_heads} KV heads"
-        )
+GPT2 = FamilyReader(defaults=GPT2_DEFAULTS, shape=_gpt2_shape, fields=_gpt2_fields, keys=GPT2_KEYS)
+GATED = FamilyReader(defaults=HF_DEFAULTS, shape=gated_shape, fields=_dense_fields, keys=GATED_KEYS)
 
-
-def model_from_hf_config(
-    data: Mapping[str, Any], name: str = "custom", *, context: str = "transformers config"
-) -> ModelConfig:
-    """A ModelConfig from a transformers ``config.json`` (model_type gpt2, llama, mistral, qwen2, qwen3,
-    olmo2, mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt_oss).
-
-    Everything comes from the file; keys it omits take transformers' defaults for its model type.
-    """
-    model_type = _checked_model_type(data, context)
-    defaults = _HF_DEFAULTS[model_type]
-    if model_type == "gpt2":
-        shape = _gpt2_shape(data, defaults, context)
-        fields = _gpt2_fields(data, defaults, context)
-    else:
-        shape = _gated_shape(data, defaults, context)
-        fields = _gated_fields(data, model_type, defaults, shape, context)
-    _check_heads(data, model_type, shape, fields, context)
-    raw = dict(
-        name=name, family=Family(model_type), n_layers=shape.n_layers, d_model=shape.d_model, n_heads=shape.n_heads,
-        n_kv_heads=shape.n_kv_heads, d_ff=shape.d_ff,
-        vocab_size=_hf_int(data, "vocab_size", context, default=defaults.get("vocab_size")),
-        max_seq_len=shape.max_seq_len,
-        tie_embeddings=_hf_bool(data, "tie_word_embeddings", context, defaults["tie_word_embeddings"]),
-        **fields,
-    )
-    try:
-        return ModelConfig.model_validate(raw)
-    except ValidationError as error:
-        raise ConfigError(describe_validation_error(error, context, config_json_keys(model_type))) from None
-
-
-def hf_name(data: Mapping[str, Any], path: Path | None) -> str:
-    """A label for a config.json: its ``_name_or_path``, else its folder (for config.json) or stem."""
-    label = data.get("_name_or_path")
-    if isinstance(label, str) and label.strip():
-        return label.rstrip("/").rsplit("/", 1)[-1]
-    if path is None:
-        return "custom"
-    if path.stem == "config" and path.resolve().parent.name:
-        return path.resolve().parent.name
-    return path.stem
+# the family's registration (planner.model.families.registry)
+FAMILY = FamilySpec(readers=(GPT2, GATED), defaults=FILE_DEFAULTS, sections=SECTIONS)

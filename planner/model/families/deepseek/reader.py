@@ -29,8 +29,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.model.config import QkNorm
-from planner.model.readers.fields import hf_bool, hf_float, hf_int, refuse_rope_types
+from planner.model.families.deepseek.config import FILE_DEFAULTS, SECTIONS
+from planner.model.families.dense.reader import GATED_KEYS, gated_fields, gated_shape
+from planner.model.families.fields import FamilyReader, FamilySpec, Shape, hf_bool, hf_float, hf_int, refuse_rope_types
+from planner.model.kinds import QkNorm
 
 # transformers' DeepseekV3Config defaults (configuration_deepseek_v3.py) for the keys this reader
 # takes; tests check them against the installed transformers
@@ -96,3 +98,18 @@ def _refuse_unmodelled(data: Mapping[str, Any], n_heads: int, context: str) -> N
                           f"all {n_heads} heads (fewer KV heads would not run); set it to num_attention_heads")
     refuse_rope_types(data, context, _ROPE_TYPES, "(the planner prices plain and yarn RoPE)",
                       "remove {key} or use rope_type default or yarn")
+
+
+def _fields(
+    data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: Shape, context: str
+) -> dict[str, Any]:
+    """deepseek_v3's ModelConfig fields: the Llama-like ones, then its own."""
+    fields = gated_fields(data, model_type, defaults, context)
+    fields.update(deepseek_fields(data, n_heads=shape.n_heads, context=context))
+    return fields
+
+
+READER = FamilyReader(defaults={"deepseek_v3": DEEPSEEK_DEFAULTS}, shape=gated_shape, fields=_fields, keys=GATED_KEYS)
+
+# the family's registration (planner.model.families.registry)
+FAMILY = FamilySpec(readers=(READER,), defaults=FILE_DEFAULTS, sections=SECTIONS)

@@ -1,4 +1,5 @@
-"""The reference model's mixture-of-experts MLP (``ModelConfig.moe``) and q/k norms.
+"""The reference model's mixture-of-experts MLP (``ModelConfig.moe``), every MoE family's
+(Mixtral, Qwen-MoE, OLMoE; DeepSeek-V3's router and gpt-oss's experts are options of it).
 
 Routing is fixed and balanced so a step's memory and FLOPs are reproducible: the j-th choice of
 token t goes to expert ``(t k + j) mod E``, so every expert receives exactly C = N k / E tokens
@@ -6,7 +7,8 @@ token t goes to expert ``(t k + j) mod E``, so every expert receives exactly C =
 the experts' outputs, so it trains and its gradients flow as in a learned top-k router; only
 the argmax is replaced (as a load-balanced router at equilibrium routes).
 
-The block runs, in order (the planner's graph, ``planner.graph.blocks``, names each op the same):
+The block runs, in order (the planner's graph, ``planner.model.families.moe.blocks``, names each op
+the same):
 ``slots`` (which token each of the E C expert rows holds), ``dispatch`` (index_select the tokens
 into an (E C, D) buffer), the experts as three batched matmuls over (E, C, .) with SwiGLU between
 (``torch.bmm``: the grouped GEMM with equal groups), the ``router`` linear, ``route`` (fp32
@@ -14,7 +16,7 @@ softmax, or DeepSeek-V3's fp32 sigmoid, the chosen probabilities, renormalized i
 ``norm_topk_prob``, times ``routed_scaling_factor``, in slot order) and
 ``combine`` (weight each row, index_add into (N, D)); shared experts (a dense SwiGLU MLP on every
 token, optionally times ``sigmoid(shared_gate(x))``) are added last. gpt-oss's experts (biased,
-one interleaved ``gate_up_proj`` and the clamped SwiGLU, ``ClampedSwiGLU``) replace the three
+one interleaved ``gate_up_proj`` and ``validate.models.gpt_oss.ClampedSwiGLU``) replace the three
 matmuls with two ``baddbmm``; its router takes the softmax of the k chosen logits alone.
 
 DeepSeek-V3's router (transformers 5.24.0 ``DeepseekV3TopkRouter``) chooses its experts by
@@ -32,23 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import ConfigError
-from planner.model.moe_config import ExpertActivation, MoeConfig, RouterScoring
-
-
-class Fp32RMSNorm(nn.Module):
-    """RMSNorm computed in fp32 and cast back before the weight (transformers' Qwen3/OLMoE
-    RMSNorm, used on q and k): ``w * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)``."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+from planner.model.families.moe.config import ExpertActivation, MoeConfig, RouterScoring
+from validate.models.gpt_oss import ClampedSwiGLU
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -108,23 +95,6 @@ class GroupedLinear(nn.Module):
         if self.bias is None:
             return torch.bmm(x, local(self.weight))
         return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight)
-
-
-class ClampedSwiGLU(nn.Module):
-    """gpt-oss's expert activation over interleaved (gate, up) columns, as transformers 5.24.0's
-    ``GptOssExperts._apply_gate``: gate clamped above at ``limit``, up to [-limit, limit],
-    ``(up + 1) * gate * sigmoid(alpha * gate)``."""
-
-    def __init__(self, alpha: float, limit: float) -> None:
-        super().__init__()
-        self.alpha, self.limit = alpha, limit
-
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
-        gate = gate.clamp(min=None, max=self.limit)
-        up = up.clamp(min=-self.limit, max=self.limit)
-        glu = gate * torch.sigmoid(gate * self.alpha)
-        return (up + 1) * glu
 
 
 class Experts(nn.Module):
