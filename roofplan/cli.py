@@ -128,9 +128,10 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     """What comes out: the plan file, charts, a validation run, JSON."""
     p.add_argument("--out", default=None, help="write the plan file (JSON) that `validate` runs")
     p.add_argument("--plot", default=None, metavar="DIR",
-                   help="write two PNG charts into DIR: pareto.png (step time vs device memory of the plans found) "
-                        "and memory.png (the memory timeline of one step, allocated and device bytes, against the "
-                        "cap); when nothing fits they show the smallest plan")
+                   help="write PNG charts into DIR: pareto.png (step time vs device memory of the plans found), "
+                        "memory.png (the memory timeline of one step, allocated and device bytes, against the "
+                        "cap) and, for a pipeline plan, pipeline.png (its schedule as a timeline per rank); when "
+                        "nothing fits they show the smallest plan")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write the predicted step as a Chrome/Perfetto trace (JSON): streams, ops, collectives, memory")
     p.add_argument("--memory-snapshot", default=None, metavar="FILE",

@@ -4,12 +4,14 @@
   the choice and the cap;
 - ``memory.png``: the memory timeline of one steady-state step of the chosen plan, op by op: the
   allocated bytes (static part and the rest) and the device bytes the fit is decided on
-  (allocated × fragmentation factor + runtime reserve), against the cap.
+  (allocated × fragmentation factor + runtime reserve), against the cap;
+- ``pipeline.png``, for a pipeline plan only: its schedule as a timeline per rank, every action a
+  bar, the sends, the bubble (``roofplan.plot_pipeline``).
 
 When nothing fits, the same charts show the smallest plan, titled as not fitting. The
-figures are built without pyplot (``pareto_figure``, ``memory_figure`` return them), legends sit
-outside the axes so they never cover data. matplotlib is an optional dependency
-(``pip install roofplan[plot]``).
+figures are built without pyplot (``pareto_figure``, ``memory_figure``, ``pipeline_figure``
+return them), legends sit outside the axes so they never cover data (``roofplan.plot_base``).
+matplotlib is an optional dependency (``pip install roofplan[plot]``).
 """
 
 from __future__ import annotations
@@ -20,25 +22,30 @@ from typing import TYPE_CHECKING, Any
 from hardware.units import format_bytes
 from planner.errors import ConfigError
 from planner.program.results import PlanResult
+from roofplan.plot_base import LEGEND, chart_title, figure_axes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-CHARTS = ("pareto.png", "memory.png")
+CHARTS = ("pareto.png", "memory.png")  # every plan's; a pipeline plan's also pipeline.png
 _GB = 1e9
 _FAR = 4  # a cap this many times the plan's device bytes or more: log scale
-_LEGEND: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.01, 1), "borderaxespad": 0, "fontsize": 8}
 
 
 def write_plots(result: PlanResult, directory: str | Path) -> list[Path]:
-    """Write ``CHARTS`` into ``directory`` (created if needed); return their paths."""
+    """Write ``CHARTS`` into ``directory`` (created if needed), and ``pipeline.png`` for a pipeline
+    plan; return their paths."""
     out = Path(directory)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"--plot: cannot create {out}: {error.strerror or error}") from None
     figures = dict(zip(CHARTS, (pareto_figure(result), memory_figure(result)), strict=True))
+    if result.best.knobs.parallel.pp > 1:
+        from roofplan.plot_pipeline import PIPELINE_CHART, pipeline_figure
+
+        figures[PIPELINE_CHART] = pipeline_figure(result)
     return [_save(figure, out / name) for name, figure in figures.items()]
 
 
@@ -50,36 +57,9 @@ def _save(figure: Figure, path: Path) -> Path:
     return path
 
 
-def _axes(width: float) -> tuple[Figure, Axes]:
-    """A figure on its own Agg canvas (no pyplot state to leak), and its axes."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ConfigError("--plot: needs matplotlib; pip install matplotlib (or roofplan[plot])") from None
-    figure = Figure(figsize=(width, 4.5))
-    FigureCanvasAgg(figure)
-    return figure, figure.subplots()
-
-
-def chart_title(result: PlanResult, what: str) -> str:
-    """``model on 8 × h100-sxm, ZeRO-2 (FSDP2) × 8 GPUs: what``; a first line says when it does not fit."""
-    from planner.plan.parallel_dims import layout_label
-
-    knobs, memory = result.best.knobs, result.best.estimate.memory
-    where = result.hardware.name
-    if knobs.parallel.world_size > 1:
-        where = f"{knobs.parallel.world_size} × {where}, {layout_label(knobs.parallel)}"
-    title = f"{result.model.name} on {where}: {what}"
-    if memory.fits:
-        return title
-    return (f"DOES NOT FIT: the smallest plan needs {format_bytes(memory.device_bytes)} on the device, "
-            f"cap {format_bytes(memory.hbm_cap_bytes)}\n{title}")
-
-
 def pareto_figure(result: PlanResult) -> Figure:
     """Step time vs device memory: the Pareto front, the next best plans, the choice, the cap."""
-    fig, ax = _axes(7)
+    fig, ax = figure_axes(7)
     points = result.pareto
     if points:
         ax.step([p.device_bytes / _GB for p in points], [p.step_time_s for p in points], where="post",
@@ -98,7 +78,7 @@ def pareto_figure(result: PlanResult) -> Figure:
     ax.set_xlabel(f"device memory per GPU (GB{log})")
     ax.set_ylabel("step time (s)")
     ax.set_title(chart_title(result, "step time vs memory"), fontsize=9)
-    ax.legend(**_LEGEND)
+    ax.legend(**LEGEND)
     return fig
 
 
@@ -123,7 +103,7 @@ def memory_figure(result: PlanResult) -> Figure:
     """The memory timeline of one step: allocated bytes and device bytes, against the cap."""
     live, static = _trace(result)
     hw, knobs, memory = result.hardware, result.best.knobs, result.best.estimate.memory
-    fig, ax = _axes(9)
+    fig, ax = figure_axes(9)
     xs = range(len(live))
     allocated = [b / _GB for b in live]
     static_gb = (static.params_bytes + static.optimizer_bytes + static.data_bytes) / _GB
@@ -150,7 +130,7 @@ def memory_figure(result: PlanResult) -> Figure:
     ax.set_title(chart_title(result, f"memory timeline of one step ({knobs.precision.value}, micro-batch "
                                      f"{knobs.micro_batch_size}, {len(knobs.checkpointed)} blocks checkpointed)"),
                  fontsize=9)
-    ax.legend(**_LEGEND)
+    ax.legend(**LEGEND)
     return fig
 
 

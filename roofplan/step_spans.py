@@ -16,6 +16,9 @@ Identical stretches (the middle micro-batches of accumulation, ``Segment.repeats
 once each up to ``max_ops`` op spans in all; the rest of a stretch is one span per stream named
 for how many it stands for, so the last span still ends at the step time.
 
+A pipeline's tasks alone (its actions and sends, no ops, no memory: ``pipeline_tasks``, what
+``plan --plot`` draws as ``pipeline.png``) are read off the estimate's timeline, cheap at any size.
+
 Memory: the walk's trace (``StepProgram.walk(record_trace=True)``: live bytes after each op's
 allocations) placed at the start of the op it belongs to (several samples of one op spread over
 it), on the same clock.
@@ -179,15 +182,13 @@ def _pipeline(program: StepProgram, ranks: list[_Rank], time: TimeBreakdown, kno
     optimizer step: the step is the span, the most any rank's collectives add after its last
     backward, and the slowest optimizer step (``planner.program.pipeline_program.pipelined_time``).
     Returns the ranks' labels."""
-    from planner.plan.pipeline_schedules import rank_actions, rank_stages
+    from planner.plan.pipeline_schedules import rank_stages
 
     assert time.timeline is not None
-    pp, m, virtual = knobs.parallel.pp, knobs.grad_accum_steps, getattr(knobs, "pp_virtual", 1)
-    held = rank_stages(knobs.pp_schedule, pp, virtual)
+    held = rank_stages(knobs.pp_schedule, knobs.parallel.pp, getattr(knobs, "pp_virtual", 1))
     parts = {stage: _rank(r.index, program, part, r.recomputed, r.trace, r.zero_stage)
              for r in ranks for part, stage in zip((r.program, *r.program.others), held[r.index], strict=True)}
-    actions = {str(a): a for acts in rank_actions(knobs.pp_schedule, pp, m, virtual)
-               for action in acts for a in action.computations()}
+    actions = _actions(knobs)
     segment = time.timeline.segments[0]
     line_s = segment.span_s
     optimizer_s = [r.program.optimizer_s[0] for r in ranks]
@@ -197,15 +198,11 @@ def _pipeline(program: StepProgram, ranks: list[_Rank], time: TimeBreakdown, kno
         beside = [(s.start_s, s.end_s) for s in mine if s.task.stream is Stream.COMMUNICATION]
         ops: dict[tuple[int, str, str], tuple[float, float]] = {}
         for span in mine:
-            if span.task.stream is Stream.COMMUNICATION:
-                spans.append(OpSpan(rank.index, PIPELINE, span.task.name, "collective", span.start_s, span.end_s))
-                continue
-            action = actions[span.task.name]
-            phase = Phase.FORWARD if action.kind.value == "F" else Phase.BACKWARD
-            spans.append(OpSpan(rank.index, COMPUTE, f"{phase.value} {action.micro_batch} ({span.task.name})",
-                                phase.value, span.start_s, span.end_s, args={"stage": action.stage}))
-            if action.kind.value != "W":
-                _cut(parts[action.stage], phase, action.micro_batch, span.start_s, span.end_s, beside, spans, ops)
+            task = _pipeline_task(span, actions)
+            spans.append(task)
+            if task.stream == COMPUTE and task.args["kind"] != "W":
+                _cut(parts[task.args["stage"]], Phase(task.phase), task.args["micro_batch"], task.start_s, task.end_s,
+                     beside, spans, ops)
         if exposed_s > 1e-15:
             spans.append(OpSpan(rank.index, DATA_PARALLEL, "data-parallel gradient sync (the most any rank's adds)",
                                 "collective", line_s, line_s + exposed_s))
@@ -217,6 +214,46 @@ def _pipeline(program: StepProgram, ranks: list[_Rank], time: TimeBreakdown, kno
     return tuple(f"rank {r.index} (stages {', '.join(map(str, held[r.index]))}: blocks "
                  f"{', '.join(f'{s.first_block}-{s.last_block}' for s in r.program.spans)}; "
                  f"{r.program.ranks} GPUs alike)" for r in ranks)
+
+
+def pipeline_tasks(result: PlanResult) -> tuple[tuple[OpSpan, ...], float]:
+    """A pipeline plan's tasks alone, as ``step_spans`` draws them (depth 0: every rank's compute
+    actions and sends), and the pipeline's span: read off the estimate's own timeline, without ops
+    or memory, so cheap at any size (``step_spans`` cuts every action into its ops). A plan read
+    back from a file has no timeline: it is placed again, as ``step_spans`` places it."""
+    knobs = result.best.knobs
+    timeline = result.best.estimate.time.timeline
+    if timeline is None:
+        program = step_program(result.model.config, result.training, result.hardware, knobs)
+        recomputed = tuple(program.walk(rank=r).recomputed_ops for r in program.ranks)
+        timeline = pipelined_time(program, knobs, recomputed).timeline
+    assert timeline is not None
+    (segment,) = timeline.segments
+    actions = _actions(knobs)
+    spans = sorted(segment.spans, key=lambda s: (s.task.rank, s.start_s, s.task.stream is Stream.COMMUNICATION))
+    return tuple(_pipeline_task(s, actions) for s in spans), segment.span_s
+
+
+def _actions(knobs: Any) -> dict[str, Any]:
+    """The schedule's compute actions by their task names (torch's spelling, ``1F0``, ``0I3``)."""
+    from planner.plan.pipeline_schedules import rank_actions
+
+    return {str(a): a for acts in rank_actions(knobs.pp_schedule, knobs.parallel.pp, knobs.grad_accum_steps,
+                                               getattr(knobs, "pp_virtual", 1))
+            for action in acts for a in action.computations()}
+
+
+def _pipeline_task(span: Span, actions: dict[str, Any]) -> OpSpan:
+    """One span of the pipeline's timeline: a send on its rank's ``PIPELINE`` stream, or a compute
+    action (its stage, micro-batch and kind, F / B / I / W, in ``args``)."""
+    rank = span.task.rank
+    if span.task.stream is Stream.COMMUNICATION:
+        return OpSpan(rank, PIPELINE, span.task.name, "collective", span.start_s, span.end_s)
+    action = actions[span.task.name]
+    phase = Phase.FORWARD if action.kind.value == "F" else Phase.BACKWARD
+    return OpSpan(rank, COMPUTE, f"{phase.value} {action.micro_batch} ({span.task.name})", phase.value,
+                  span.start_s, span.end_s,
+                  args={"stage": action.stage, "micro_batch": action.micro_batch, "kind": action.kind.value})
 
 
 _FSDP2 = {("forward", "collectives before"): "all-gather: root",

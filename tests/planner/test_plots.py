@@ -23,6 +23,7 @@ from planner.program.results import PlanResult  # noqa: E402
 from roofplan import api  # noqa: E402
 from roofplan.cli import build_parser  # noqa: E402
 from roofplan.cli import main as plan_main  # noqa: E402
+from roofplan.plot_pipeline import PIPELINE_CHART  # noqa: E402
 from roofplan.plots import CHARTS, memory_figure, pareto_figure, write_plots  # noqa: E402
 
 # its module-scoped fixtures are built once: every test of the module on one xdist worker
@@ -159,10 +160,10 @@ def test_cli_nothing_fits_still_draws_the_smallest_plan(capsys: pytest.CaptureFi
 def test_help_names_exactly_the_charts_written(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (action,) = [a for a in build_parser()._actions if a.dest == "plot"]
     promised = set(re.findall(r"[\w-]+\.png", action.help or ""))
-    assert promised == set(CHARTS)
+    assert promised == set(CHARTS) | {PIPELINE_CHART}
     code = plan_main(["--model", "tiny-llama", "--micro-batch", "2", "--precision", "fp32", "--checkpoint", "none",
                       "--plot", str(tmp_path)])
     capsys.readouterr()
     assert code == 0
-    assert {p.name for p in tmp_path.iterdir()} == promised
+    assert {p.name for p in tmp_path.iterdir()} == set(CHARTS)  # no pipeline: no pipeline.png
     assert "memory timeline of one step" in " ".join((action.help or "").split())
