@@ -94,7 +94,7 @@ def _boxes(ax: Axes, boxes: list[tuple[int, float, float]], lane: tuple[float, f
     low = rank + offset - height / 2
     xs = np.stack([start, start, end, end], axis=1) * scale
     ys = np.stack([low, low + height, low + height, low], axis=1)
-    ax.add_collection(PolyCollection(np.stack([xs, ys], axis=2), **style))
+    ax.add_collection(PolyCollection(list(np.stack([xs, ys], axis=2)), **style))  # one (4, 2) array per bar
 
 
 def _idle_stretches(compute: list[OpSpan], rank: int, span_s: float) -> list[tuple[float, float]]:
