@@ -34,6 +34,7 @@ from planner.plan.layouts import (
     checked_request,
     fixed_layout,
     pipeline_degrees,
+    replicate_degrees,
 )
 from planner.plan.pipeline_schedules import PipelineSchedule
 from planner.precision import PrecisionPolicy
@@ -158,6 +159,7 @@ def plan(
     pp_layers: str | Sequence[int] | None = None,
     pp_virtual: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    dp_replicate: int | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
@@ -180,7 +182,9 @@ def plan(
     splits the blocks into that many pipeline stages (``pp_layers`` blocks each, else evenly) run by
     ``pp_schedule`` with ``pp_virtual`` stages per rank (``roofplan.pipeline_flags``); each left as
     None is searched (pp over the degrees dividing the GPUs, the schedules of
-    ``search.space.SEARCHED_SCHEDULES``).
+    ``search.space.SEARCHED_SCHEDULES``). ``dp_replicate`` > 1 is HSDP: FSDP2 (ZeRO-2/3) shards
+    over the data-parallel ranks / dp_replicate and all-reduces each sharded gradient across that
+    many replicas; None searches it across nodes (each replica whole nodes), 1 turns it off.
     """
     hw = system(hardware, gpus_per_node)
     ckpt_policy = _checkpoint_policy(checkpoint_policy)
@@ -193,7 +197,8 @@ def plan(
         save_list=save_list if isinstance(save_list, SaveList) else parse_save_list(save_list or "torchtitan"),
         grad_sync=_grad_sync(fsdp_grad_sync, gpus, zero_stage), allow_segments=allow_segments,
         layout=checked_request(model, LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tp, cp=cp, ep=ep,
-                                                    sp=sequence_parallel, pp=_pipeline_degree(model, hw, gpus, pp))),
+                                                    sp=sequence_parallel, pp=_pipeline_degree(model, hw, gpus, pp),
+                                                    dp_replicate=_replicate_degree(hw, gpus, dp_replicate))),
         pipeline=pipeline_request(pp_schedule, pp_layers, pp, pp_virtual))
     if asked.fixed:
         return _fixed_plan(model, training, asked)
@@ -215,6 +220,13 @@ def _pipeline_degree(model: ModelConfig, hw: HardwareProfile, gpus: int, pp: int
     if pp is not None or gpus < 1:
         return pp
     return None if pipeline_degrees(model, gpus, None, hw.gpus_per_node) != (1,) else 1
+
+
+def _replicate_degree(hw: HardwareProfile, gpus: int, dp_replicate: int | None) -> int | None:
+    """``--dp-replicate``, or None where the search has HSDP replicas to try (across nodes), else 1."""
+    if dp_replicate is not None or gpus < 1:
+        return dp_replicate
+    return None if replicate_degrees(gpus, None, hw.gpus_per_node) != (1,) else 1
 
 
 def _caps(hw: HardwareProfile, hbm: str | int | None, headroom: str | int | float | None) -> dict[str, int]:
@@ -299,7 +311,7 @@ def _searched_plan(model: ModelConfig, training: TrainConfig, asked: _Asked, opt
                         checkpoint_policy=asked.checkpoint_policy, save_list=asked.save_list,
                         expert_parallel=request.ep, on_left_out=_warn, pipeline_parallel=request.pp,
                         pp_schedule=asked.pipeline.schedule, pp_virtual=asked.pipeline.virtual,
-                        pp_layers=asked.pipeline.layers)
+                        pp_layers=asked.pipeline.layers, dp_replicate=request.dp_replicate)
     outcome = run_search(model, training, hw, cap, space, options, on_trial, on_stage, on_progress)
     summary = summarize_model(model)
     if outcome.best is None:

@@ -97,6 +97,10 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
                    help="pipeline-parallel degree (torch.distributed.pipelining): the blocks split into N stages, "
                         "one per rank of a pipeline; the micro-batches are the accumulation steps. Searched if "
                         "omitted over degrees dividing the GPUs (1 included)")
+    p.add_argument("--dp-replicate", type=int, default=None,
+                   help="HSDP replicas (FSDP2 on a 2-D mesh, ZeRO-2/3): each GPU holds 1/(data-parallel ranks / N) of "
+                        "the model state; sharded gradients all-reduced across the N replicas. Searched if omitted "
+                        "across nodes (each replica whole nodes); 1 turns it off")
     p.add_argument("--pp-schedule", default=None, metavar="{gpipe,1f1b,...}",
                    help="pipeline schedule: gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zero-bubble, "
                         "zbv-zero-bubble, dualpipev; searched if omitted over 1f1b and interleaved-1f1b (1f1b "
@@ -243,6 +247,7 @@ def _plan_or_closest(api: Any, args: argparse.Namespace, model: Any, training: A
             pp_schedule=args.pp_schedule,
             pp_layers=args.pp_layers,
             pp_virtual=args.pp_virtual,
+            dp_replicate=args.dp_replicate,
         )
     except InfeasibleError as error:
         return error

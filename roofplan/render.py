@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
 from roofplan.render_pipeline import stages_table  # noqa: E402  (after the TYPE_CHECKING block)
 
-NOT_MODELLED = ("not modelled yet: HSDP, CPU offload (modelled: data parallelism with DDP, ZeRO-1 or FSDP2, tensor, "
-                "sequence, context and expert parallelism, pipelines with DDP, ZeRO-1 or FSDP2 and every "
-                "torch.distributed.pipelining schedule)")
+NOT_MODELLED = ("not modelled yet: CPU offload, HSDP beside context, expert or pipeline parallelism (modelled: data "
+                "parallelism with DDP, ZeRO-1, FSDP2 or HSDP, tensor, sequence, context and expert parallelism, "
+                "pipelines with DDP, ZeRO-1 or FSDP2 and every torch.distributed.pipelining schedule)")
 
 
 def zero_label(knobs: Knobs) -> str:

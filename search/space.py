@@ -52,7 +52,7 @@ FALLBACK_PRECISIONS = (PrecisionPolicy.FP16_MIXED, PrecisionPolicy.FP32)
 MICRO_BATCH = "micro_batch_size"
 PRECISION = "precision"
 PP_SCHEDULE = "pp_schedule"
-ZERO_STAGE, TP, CP, EP, PP = SEARCHED  # the layout's dimensions: planner.plan.layouts' names
+ZERO_STAGE, TP, CP, EP, PP, DP_REPLICATE = SEARCHED  # the layout's dimensions: planner.plan.layouts' names
 # the pipeline schedules tried where --pp-schedule is left out: 1F1B, and Interleaved1F1B at two stages
 # per rank (its bubble (p-1)/(2m) for a few more micro-batches in flight). GPipe and LoopedBFS hold
 # every micro-batch at once for the same bubble; the zero-bubble schedules are refused with
@@ -347,6 +347,7 @@ def build_space(
     pp_schedule: PipelineSchedule | None = None,
     pp_virtual: int | None = None,
     pp_layers: tuple[int, ...] = (),
+    dp_replicate: int | None = 1,
 ) -> SearchSpace:
     """The space: the layout (ZeRO stage, tensor-, context- and expert-parallel degrees on several GPUs),
     micro-batches that divide each data-parallel rank's share of the global batch (accumulation
@@ -361,7 +362,7 @@ def build_space(
             raise ConfigError(CONTEXT_PARALLEL_REFUSAL)
         context_parallel = 1  # the only degree the fixed policy runs with
     request = LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tensor_parallel, cp=context_parallel,
-                            ep=expert_parallel, sp=sequence_parallel, pp=pipeline_parallel)
+                            ep=expert_parallel, sp=sequence_parallel, pp=pipeline_parallel, dp_replicate=dp_replicate)
     choices = layout_choices(model, training, request, hw.gpus_per_node)
     rebuilt = (checkpoint_policy,) if checkpoint_policy is not None else default_checkpoint_policies(model)
     layouts = choices.tp_cp

@@ -40,7 +40,10 @@ def context_mesh(mesh: Any, dims: ParallelDims) -> Any | None:
 def _sharding_mesh(mesh: Any, dims: ParallelDims) -> Any:
     """What FSDP2 shards over: the data-parallel ranks, and with context parallelism the
     context-parallel ranks too (torchtitan's flattened ``dp_shard_cp``: a context-parallel group
-    holds one model replica, sharded)."""
+    holds one model replica, sharded); under HSDP the 2-D ``[dp_replicate, dp]`` mesh (FSDP2
+    shards over its second dimension and all-reduces across its first)."""
+    if dims.hsdp:
+        return mesh["dp_replicate", "dp"]
     if dims.cp > 1:
         return mesh["dp", "cp"]._flatten("dp_cp")
     if dims.ep > 1:

@@ -62,7 +62,10 @@ class Fsdp2(SingleDevice):
                 else "each block's params gathered from its forward to its backward")
         sync = ("; gradients reduce-scattered after the last micro-batch only (set_requires_gradient_sync), every "
                 "unsharded gradient held until then" if knobs.fsdp_grad_sync is GradSync.LAST else "")
-        return f"FSDP2 (everything sharded; {kept}){sync}"
+        dims = knobs.parallel
+        hsdp = (f"; HSDP: sharded over {dims.dp_shard} ranks, each sharded gradient all-reduced across "
+                f"{dims.dp_replicate} replicas" if dims.hsdp else "")
+        return f"FSDP2 (everything sharded; {kept}){sync}{hsdp}"
 
     def gradients(self, knobs: Knobs) -> str:
         if knobs.parallel.pp > 1:
@@ -101,9 +104,10 @@ class Fsdp2(SingleDevice):
         parameter dtype (fp32 for bf16-mixed)."""
         stored = precision_spec(knobs.precision).param_dtype
         ranks, experts = knobs.parallel.fsdp_ranks, knobs.parallel.expert_shard_ranks
-        return _LAYOUTS.get((graph, hw), (ranks, self.stage, stored, knobs.fsdp_grad_sync, experts),
+        replicas = knobs.parallel.dp_replicate  # HSDP: > 1
+        return _LAYOUTS.get((graph, hw), (ranks, self.stage, stored, knobs.fsdp_grad_sync, experts, replicas),
                             lambda: fsdp_layout(graph, ranks, self.stage, stored, hw.round_alloc, knobs.fsdp_grad_sync,
-                                                experts))
+                                                experts, replicas))
 
     def static(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, opt: OptimizerSpec,
                base: StaticMemory) -> StaticMemory:
@@ -133,10 +137,20 @@ class Fsdp2(SingleDevice):
             return NO_COLLECTIVES
         return self._collectives(graph, hw, knobs, pipelined=True)
 
+    def _replicas(self, knobs: Knobs, hw: HardwareProfile) -> ParallelConfig | None:
+        """HSDP: the ranks one all-reduce spans (one per replica; across nodes once a replica's
+        shard group fills a node)."""
+        dims = knobs.parallel
+        if not dims.hsdp:
+            return None
+        return ParallelConfig(world_size=dims.dp_replicate,
+                              gpus_per_node=dims.ranks_per_node(Group.REPLICATE, hw.gpus_per_node))
+
     def _collectives(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs, pipelined: bool) -> Collectives:
         layout = self.layout(graph, knobs, hw)
-        group = self._group(knobs, hw)
-        return _COLLECTIVES.get((layout, hw), (group, pipelined), lambda: fsdp_collectives(layout, hw, group, pipelined))
+        group, replicas = self._group(knobs, hw), self._replicas(knobs, hw)
+        return _COLLECTIVES.get((layout, hw), (group, pipelined, replicas),
+                                lambda: fsdp_collectives(layout, hw, group, pipelined, replicas))
 
     def bytes_moved(self, graph: LayerGraph, hw: HardwareProfile, knobs: Knobs) -> float:
         return fsdp_bytes_moved(self.layout(graph, knobs, hw), self._group(knobs, hw),

@@ -84,6 +84,7 @@ class FsdpHooks(EngineHooks):
         self.held: dict[str, int] = {}  # unit -> bytes of unsharded gradients kept across micro-batches
         self.held_gather = 0  # forward: the previous unit's all-gather output
         self.held_reduce = 0  # the previous unit's reduce-scatter input
+        self.held_all_reduce = 0  # HSDP: accumulated reduce-scatter outputs held until finalize_backward
         self.prefetched: dict[str, int] = {}  # unit -> its all-gather output, gathered ahead
         self.copied: set[str] = set()  # nested units a checkpoint's recompute copied out this backward
         self.recompute_gather: dict[str, int] = {}  # their gather output, kept until their post-forward
@@ -154,7 +155,13 @@ class FsdpHooks(EngineHooks):
         live.add(_GRADS, last + unit.sharded_grad_bytes)
         live.observe(Phase.BACKWARD, op, event=f"reduce-scatter output {unit.name}")
         live.add(_GRADS, -last)
-        if unit.name in self.reduced:  # added into the existing sharded gradient
+        if unit.name in self.reduced and self.layout.replicas > 1:
+            # HSDP all-reduces the reduce-scatter output in place across the replicas and keeps it
+            # in ``FSDPParamGroup._all_reduce_state`` until ``finalize_backward`` (the root's final
+            # callback), though it was added into the existing sharded gradient (torch 2.13
+            # ``foreach_reduce``; PR #140044): held past every later unit's post-backward
+            self.held_all_reduce += unit.sharded_grad_bytes
+        elif unit.name in self.reduced:  # added into the existing sharded gradient
             live.add(_GRADS, -unit.sharded_grad_bytes)
         self.reduced.add(unit.name)
 
@@ -252,4 +259,5 @@ class FsdpHooks(EngineHooks):
     def backward_end(self, walk: Walk) -> None:
         self._post_backward(walk, self.layout.root, self.names[0])
         walk.live.add(_TEMPORARIES, -self.held_reduce)
-        self.held_reduce = 0
+        walk.live.add(_GRADS, -self.held_all_reduce)  # finalize_backward drops every unit's
+        self.held_reduce = self.held_all_reduce = 0

@@ -96,6 +96,7 @@ class FsdpLayout:
     world_size: int
     units: tuple[ShardUnit, ...]  # the root first, then the blocks in order
     grad_sync: GradSync = GradSync.EVERY
+    replicas: int = 1  # HSDP: replicas of the shard group, its sharded gradients all-reduced across them
 
     @property
     def upcasts_grads(self) -> bool:
@@ -114,12 +115,14 @@ class FsdpLayout:
 
 def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DType,
                 round_bytes: Callable[[int], int], grad_sync: GradSync = GradSync.EVERY,
-                expert_world_size: int | None = None) -> FsdpLayout:
+                expert_world_size: int | None = None, replicas: int = 1) -> FsdpLayout:
     """The units of ``graph`` (built in the compute precision) when sharded over ``world_size``
     ranks, parameters stored in ``stored_dtype`` (fp32 under a bf16 MixedPrecisionPolicy).
     Under expert parallelism each block's experts are a unit of their own (torchtitan's
     ``fully_shard(block.moe.experts, mesh=dp_mod_ep)`` before the block's), sharded over
-    ``expert_world_size`` ranks (one: FSDP2 on a one-rank mesh, which still gathers and reduces)."""
+    ``expert_world_size`` ranks (one: FSDP2 on a one-rank mesh, which still gathers and reduces).
+    ``replicas`` > 1: HSDP, that many copies of the shard group (``fsdp_engine`` and
+    ``fsdp_collectives`` add the all-reduce across them)."""
     if stage not in (2, 3) or world_size < 2:
         raise ValueError(f"FSDP2 layout needs stage 2 or 3 and several ranks, got stage {stage} on {world_size}")
     specs = graph.param_specs
@@ -132,7 +135,7 @@ def fsdp_layout(graph: LayerGraph, world_size: int, stage: int, stored_dtype: DT
         name = ROOT if block is None else f"blocks.{block}" + (".mlp.experts" if experts else "")
         make = _one_rank_unit if ranks == 1 else _sharded_unit
         units.append(make(name, block, experts, names, ranks, specs, o, c, round_bytes))
-    return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units), grad_sync=grad_sync)
+    return FsdpLayout(stage=stage, world_size=world_size, units=tuple(units), grad_sync=grad_sync, replicas=replicas)
 
 
 def _param_groups(graph: LayerGraph) -> dict[tuple[int | None, bool], list[str]]:
@@ -213,7 +216,7 @@ def _upcast_peak(upcast: list[int], compute: list[int]) -> int:
 
 
 def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: ParallelConfig,
-                     pipelined: bool = False) -> Collectives:
+                     pipelined: bool = False, replicate: ParallelConfig | None = None) -> Collectives:
     """The collectives FSDP2 issues around one micro-batch (ring model, per rank).
 
     Every micro-batch all-gathers every unit for its forward (ZeRO-3: the blocks and the root
@@ -225,6 +228,10 @@ def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: Parallel
     ``pipelined``: a pipeline stage's, issued once per step (``planner.parallel.fsdp_pipeline``):
     the forward ones around its first forward, every reduce-scatter (the root's first) after its
     last backward, where ``perform_reduce_grad`` runs them and its final callback waits for them.
+
+    ``replicate`` (HSDP: the ranks holding the same shard, one per replica): each unit's
+    reduce-scatter output, the sharded gradient in the reduce dtype, is all-reduced across them
+    right after its reduce-scatter (``foreach_reduce``), placed as the reduce-scatters are.
     """
     root, blocks = layout.root, [u for u in layout.units if u.block is not None]
 
@@ -245,6 +252,14 @@ def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: Parallel
 
     scatter = over(blocks, Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes)
     scatter_root = over([root], Collective.REDUCE_SCATTER, lambda u: u.reduce_input_bytes)
+    if replicate is not None and replicate.world_size > 1:
+        def all_reduce(units: Sequence[ShardUnit]) -> float:
+            units = [u for u in units if u.params]
+            return ring_time_s(sum(u.sharded_grad_bytes for u in units), Collective.ALL_REDUCE, hw, replicate,
+                               len(units))
+
+        scatter += all_reduce(blocks)
+        scatter_root += all_reduce([root])
     if pipelined:
         return Collectives(before_forward_s=gather([root]), during_forward_s=gather(blocks),
                            after_sync_backward_s=scatter_root + scatter)
@@ -262,14 +277,17 @@ def fsdp_collectives(layout: FsdpLayout, hw: HardwareProfile, parallel: Parallel
 def fsdp_bytes_moved(layout: FsdpLayout, parallel: ParallelConfig, grad_accum_steps: int,
                      pipelined: bool = False) -> float:
     """Bytes one rank sends in a step: every micro-batch's all-gathers (twice under ZeRO-3), the
-    syncing micro-batches' reduce-scatters (ring: (N-1)/N of each collective's buffer); a
-    ``pipelined`` stage gathers and reduce-scatters once per step."""
+    syncing micro-batches' reduce-scatters (ring: (N-1)/N of each collective's buffer) and under
+    HSDP their outputs' all-reduces across the R replicas (2(R-1)/R of them); a ``pipelined``
+    stage gathers and reduce-scatters once per step."""
     syncing = 1 if layout.grad_sync is GradSync.LAST or pipelined else grad_accum_steps
     factor = (parallel.world_size - 1) / parallel.world_size
     gathers = 1 if pipelined else grad_accum_steps * (2 if layout.stage == 3 else 1)
     gathered = sum(u.gather_output_bytes for u in layout.units)
     scattered = sum(u.reduce_input_bytes for u in layout.units)
-    return factor * (gathers * gathered + syncing * scattered)
+    replicas = layout.replicas
+    reduced = 2.0 * (replicas - 1) / replicas * sum(u.sharded_grad_bytes for u in layout.units if u.params)
+    return factor * (gathers * gathered + syncing * scattered) + syncing * reduced
 
 
 def shard_fraction(layout: FsdpLayout, n_params: int) -> float:

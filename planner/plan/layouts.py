@@ -3,7 +3,7 @@ the API's and CLI's refusals, estimate's checks and validate's device mesh ask.
 
 A layout is a ``planner.plan.parallel_dims.ParallelDims``, modelled on torchtitan's ``ParallelDims``
 (torchtitan/distributed/parallel_dims.py): its validator holds the rules between the degrees
-alone (context parallelism under FSDP2, ep dividing dp_shard, one data-parallel dimension), its
+alone (context parallelism under FSDP2, ep dividing dp_shard, HSDP under FSDP2 only), its
 ``mesh`` the device mesh and ``ranks_per_node`` how many of a communication group's ranks share a
 node. This module adds what depends on the model, the workload and the request:
 
@@ -15,6 +15,7 @@ node. This module adds what depends on the model, the workload and the request:
 | every layout a request allows | ``valid_layouts`` |
 | the layout of a fully fixed request | ``checked_request``, ``check_fixed_request``, ``fixed_layout`` |
 | the tp and cp degrees the fewest-GPUs advice walks | ``scale_out_degrees`` |
+| the HSDP replicas a request allows, ``--dp-replicate`` checked | ``replicate_degrees``, ``replica_update`` (``planner.plan.replicas``) |
 | a refusal in the flags' words; a layout as flags | ``as_flag``, ``as_flags`` |
 
 Refusals are one line naming the field (``parallel.tp: ...``) or the flag (``--tp: ...``) and the
@@ -42,6 +43,7 @@ from planner.plan.layout_rules import (
     check_tensor_parallel,
 )
 from planner.plan.parallel_dims import NOT_MODELLED, ParallelDims, Sharding
+from planner.plan.replicas import replica_update, replicate_degrees
 
 MODELLED_STAGES = (0, 1, 2, 3)
 # the deepest pipeline the search tries (--pp fixes any): Llama 3 405B trained with PP 16 (Dubey et
@@ -51,9 +53,9 @@ MAX_SEARCHED_PP = 16
 MIN_BLOCKS_PER_STAGE = 2  # searched stages of one block are all embedding or head
 # the degrees a search chooses, by the names of ``ParallelDims.data_parallel_of``'s arguments (and
 # of the search space's dimensions and the CLI's flags), outermost first
-SEARCHED = ("zero_stage", "tp", "cp", "ep", "pp")
+SEARCHED = ("zero_stage", "tp", "cp", "ep", "pp", "dp_replicate")
 _FLAGS = {"parallel.tp": "--tp", "parallel.sp": "--no-sequence-parallel", "parallel.cp": "--cp", "parallel.ep": "--ep",
-          "parallel.pp": "--pp"}
+          "parallel.pp": "--pp", "parallel.dp_replicate": "--dp-replicate"}
 # the most sharding any layout here reaches (the advice when more GPUs do not help)
 MOST_SHARDING = (f"sharding everything (ZeRO-3, FSDP2) over as many GPUs as the global batch has sequences, with "
                  f"tensor and sequence parallelism inside a node and context parallelism down to "
@@ -63,7 +65,8 @@ NOT_MODELLED_NOTE = "(pipeline parallelism is not modelled yet)" if "pp" in NOT_
 
 class LayoutRequest(BaseModel):
     """The layout a request fixes, as ``roofplan plan``'s flags and ``api.plan``'s arguments give
-    it: ``--gpus``, and ``--zero-stage``, ``--tp``, ``--cp``, ``--ep``, ``--pp`` (None: searched)."""
+    it: ``--gpus``, and ``--zero-stage``, ``--tp``, ``--cp``, ``--ep``, ``--pp``, ``--dp-replicate``
+    (None: searched)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     gpus: int = 1
@@ -73,11 +76,12 @@ class LayoutRequest(BaseModel):
     ep: int | None = None
     sp: bool = True  # sequence parallelism beside tensor parallelism (--no-sequence-parallel: False)
     pp: int | None = 1  # pipeline ranks (--pp; None: searched)
+    dp_replicate: int | None = 1  # HSDP replicas of FSDP2's shard group (--dp-replicate; None: searched)
 
     @property
     def fixed(self) -> bool:
         """Every degree given (one GPU fixes them all)."""
-        return self.gpus == 1 or None not in (self.zero_stage, self.tp, self.cp, self.ep, self.pp)
+        return self.gpus == 1 or None not in (self.zero_stage, self.tp, self.cp, self.ep, self.pp, self.dp_replicate)
 
 
 class LayoutChoices(BaseModel):
@@ -91,10 +95,11 @@ class LayoutChoices(BaseModel):
     tp_cp: tuple[tuple[int, int], ...]  # the (tp, cp) pairs the model runs that leave whole sequences per rank
     ep: tuple[int, ...] = (1,)
     pp: tuple[int, ...] = (1,)
+    dp_replicate: tuple[int, ...] = (1,)  # HSDP replicas
 
     def dimensions(self) -> dict[str, tuple[int, ...]]:
         """The search's layout dimensions by name (``SEARCHED``): the ZeRO stage, and on several
-        GPUs tp, then cp, ep and pp where they offer more than 1."""
+        GPUs tp, then cp, ep, pp and dp_replicate where they offer more than 1."""
         out = {"zero_stage": self.zero_stages}
         if self.world_size > 1:
             out["tp"] = tuple(sorted({tp for tp, _ in self.tp_cp}))
@@ -105,26 +110,30 @@ class LayoutChoices(BaseModel):
                 out["ep"] = self.ep
             if self.pp != (1,):
                 out["pp"] = self.pp
+            if self.dp_replicate != (1,):
+                out["dp_replicate"] = self.dp_replicate
         return out
 
     def layouts(self) -> tuple[ParallelDims, ...]:
         """Every layout the choices combine into."""
-        found = (layout_at(self.world_size, self.sequence_parallel, stage, tp, cp, ep, pp)
-                 for stage in self.zero_stages for tp, cp in self.tp_cp for ep in self.ep for pp in self.pp)
+        found = (layout_at(self.world_size, self.sequence_parallel, stage, tp, cp, ep, pp, replicas)
+                 for stage in self.zero_stages for tp, cp in self.tp_cp for ep in self.ep for pp in self.pp
+                 for replicas in self.dp_replicate)
         return tuple(dims for dims in found if dims is not None)
 
 
 @lru_cache(maxsize=4096)
 def layout_at(world_size: int, sequence_parallel: bool, zero_stage: int, tp: int = 1, cp: int = 1,
-              ep: int = 1, pp: int = 1) -> ParallelDims | None:
+              ep: int = 1, pp: int = 1, dp_replicate: int = 1) -> ParallelDims | None:
     """The layout of ``world_size`` GPUs at these degrees (``ParallelDims.data_parallel_of``), or
     None where none exists: a ZeRO stage needs several ranks to shard over, context and expert
     parallelism run under FSDP2 (ep dividing its data-parallel ranks, without cp), tensor
     parallelism shares data-parallel ranks only through FSDP2 (``check_tensor_parallel``), and
-    pipeline parallelism runs with what ``ParallelDims`` allows beside it."""
+    pipeline parallelism runs with what ``ParallelDims`` allows beside it; ``dp_replicate`` > 1
+    (HSDP) replicates FSDP2's shard groups (ZeRO-2/3, without cp, ep or pp)."""
     try:
         dims = ParallelDims.data_parallel_of(world_size, zero_stage, tp=tp, sp=sequence_parallel and tp > 1, cp=cp,
-                                             ep=ep, pp=pp)
+                                             ep=ep, pp=pp, dp_replicate=dp_replicate)
     except ValueError:
         return None
     if dims.tp > 1 and dims.data_parallel > 1 and not dims.shards_parameters:
@@ -185,6 +194,8 @@ def as_flags(dims: ParallelDims) -> str:
     """``--gpus 16 --zero-stage 3 --tp 2 --cp 2``: the flags that fix this layout."""
     degrees = "".join(f" --{name} {getattr(dims, name)}" for name in ("tp", "cp", "ep", "pp")
                       if getattr(dims, name) > 1)
+    if dims.hsdp:
+        degrees += f" --dp-replicate {dims.dp_replicate}"
     return f"--gpus {dims.world_size} --zero-stage {dims.zero_stage}{degrees}"
 
 
@@ -269,8 +280,9 @@ def layout_choices(model: ModelConfig, training: TrainConfig, request: LayoutReq
     pps = pipeline_degrees(model, request.gpus, request.pp, gpus_per_node)
     pairs = layout_degrees(model, training, request.gpus, gpus_per_node, request.tp, request.cp, request.sp, pps)
     eps = expert_degrees(model, request.gpus, request.ep)
+    replicas = replicate_degrees(request.gpus, request.dp_replicate, gpus_per_node)
     return LayoutChoices(world_size=request.gpus, sequence_parallel=request.sp, zero_stages=stages, tp_cp=pairs,
-                         ep=eps, pp=pps)
+                         ep=eps, pp=pps, dp_replicate=replicas)
 
 
 def valid_layouts(model: ModelConfig, training: TrainConfig, request: LayoutRequest,
@@ -281,6 +293,10 @@ def valid_layouts(model: ModelConfig, training: TrainConfig, request: LayoutRequ
 
 def no_layout_refusal(request: LayoutRequest) -> str:
     """Why no layout of the request's candidates exists (its fixed ep, else the stage rules)."""
+    if request.dp_replicate is not None and request.dp_replicate > 1:
+        return (f"--dp-replicate: HSDP replicates FSDP2's shard groups: {request.dp_replicate} must divide the "
+                "data-parallel ranks (--gpus / --tp) and leave several per replica, with --zero-stage 2 or 3 and no "
+                "--cp, --ep or --pp")
     if request.ep is not None and request.ep > 1:
         return (f"--ep: expert parallelism splits FSDP2's data-parallel ranks: {request.ep} must divide them (--gpus "
                 "/ (--tp x --cp)) with --zero-stage 2 or 3 and no --cp; change --ep or those")
@@ -296,9 +312,11 @@ def checked_request(model: ModelConfig, request: LayoutRequest) -> LayoutRequest
             if degree is not None and degree != 1:
                 raise ConfigError(f"{flag}: {degree} needs several GPUs; give --gpus (a multiple of {degree}) or leave "
                                   f"{flag} out")
-        request = request.model_copy(update={"tp": 1, "cp": 1, "ep": 1, "pp": 1})
+        request = request.model_copy(update={"tp": 1, "cp": 1, "ep": 1, "pp": 1, "dp_replicate": 1})
     if request.ep is None and model.moe is None:
         request = request.model_copy(update={"ep": 1})
+    others = {"pp": request.pp, "cp": request.cp, "ep": request.ep}
+    request = request.model_copy(update=replica_update(request.gpus, request.dp_replicate, request.zero_stage, others))
     cp, stage = request.cp, request.zero_stage
     if cp is not None and cp > 1 and stage is not None and stage < 2:
         raise ConfigError(f"--cp: context parallelism runs with FSDP2 over the data- and context-parallel ranks; "
@@ -317,11 +335,16 @@ def check_fixed_request(model: ModelConfig, training: TrainConfig, request: Layo
         raise ConfigError(f"--pp: {pp} must be a positive divisor of the {gpus} GPUs (--gpus)")
     zero_stages(training, gpus // pp, gpus_per_node, request.zero_stage)
     expert_degrees(model, gpus, ep)
+    replicate_degrees(gpus, request.dp_replicate)
     for flag, degree in (("--tp", tp), ("--cp", cp)):
         if degree <= 0 or gpus % degree:
             raise ConfigError(f"{flag}: {degree} must be a positive divisor of the {gpus} GPUs (--gpus)")
     if gpus % (tp * cp * pp):
         raise ConfigError(f"--tp x --cp x --pp: {tp} x {cp} x {pp} must divide the {gpus} GPUs (--gpus)")
+    data, replicas = gpus // (tp * cp * pp), request.dp_replicate or 1
+    if replicas > 1 and (data % replicas or data == replicas):
+        raise ConfigError(f"--dp-replicate: {replicas} must divide the {data} data-parallel ranks (--gpus / --tp) and "
+                          "leave several per replica to shard over")
 
 
 def fixed_layout(request: LayoutRequest) -> ParallelDims:
@@ -329,14 +352,14 @@ def fixed_layout(request: LayoutRequest) -> ParallelDims:
     refusal of their combination; the model's own rules are ``check_layout``'s (estimate's)."""
     tp, cp, ep = request.tp, request.cp, request.ep
     assert tp is not None and cp is not None and ep is not None, "a fixed request gives every degree"
+    flags = "--zero-stage / --tp / --cp / --ep / --pp" + (" / --dp-replicate" if (request.dp_replicate or 1) > 1 else "")
     try:
         return ParallelDims.data_parallel_of(request.gpus, request.zero_stage or 0, tp=tp, sp=request.sp and tp > 1,
-                                             cp=cp, ep=ep, pp=request.pp or 1)
+                                             cp=cp, ep=ep, pp=request.pp or 1, dp_replicate=request.dp_replicate or 1)
     except ValidationError as error:
-        raise ConfigError(f"--zero-stage / --tp / --cp / --ep / --pp: "
-                          f"{error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+        raise ConfigError(f"{flags}: {error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     except ValueError as error:
-        raise ConfigError(f"--zero-stage / --tp / --cp / --ep / --pp: {error}") from None
+        raise ConfigError(f"{flags}: {error}") from None
 
 
 def scale_out_degrees(model: ModelConfig, seq_len: int, gpus_per_node: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -354,5 +377,5 @@ __all__ = [
     "LayoutRequest", "as_flag", "as_flags", "check_context_parallel", "check_expert_parallel", "check_fixed_request",
     "check_layout", "check_moe_tensor_parallel", "check_tensor_parallel", "checked_request", "context_degrees",
     "divisors", "expert_degrees", "fixed_layout", "layout_at", "layout_choices", "layout_degrees", "layout_refusal",
-    "no_layout_refusal", "pipeline_degrees", "scale_out_degrees", "valid_layouts", "zero_stages",
+    "no_layout_refusal", "pipeline_degrees", "replicate_degrees", "scale_out_degrees", "valid_layouts", "zero_stages",
 ]

@@ -26,11 +26,17 @@ E/ep of every MoE block's experts and exchanges the routed tokens with its group
 FSDP2 shards those experts over the ``dp_shard / ep`` ranks that hold the same ones (torchtitan's
 ``dp_mod_ep`` mesh: one rank when ep = dp_shard).
 
-Modelled today: one data-parallel dimension (replicate or shard, not both: HSDP is not
-modelled), tensor, context and expert parallelism (ep with FSDP2, without cp), and pipeline
-parallelism with DDP, ZeRO-1 or FSDP2 and tensor parallelism inside its stages (FSDP2 as
-torchtitan runs it under a pipeline: ``planner.parallel.fsdp_pipeline``). Other layouts are
-refused by name, never priced wrongly.
+HSDP (``dp_replicate`` > 1 with ``dp_shard`` > 1, ZeRO-2/3 only) is FSDP2 on a 2-D mesh
+``[dp_replicate, dp_shard]`` as torchtitan runs it (``fully_shard(mesh=mesh["dp_replicate",
+"dp_shard"])``): a rank holds 1/dp_shard of the model state, reduce-scatters inside its shard
+group, then all-reduces the sharded gradient across the replicas (the replicate dimension outside
+the shard one: across nodes once dp_shard fills a node). Modelled without cp, ep or pp beside it.
+
+Modelled today: data parallelism (replicate, shard, or both as HSDP under FSDP2), tensor,
+context and expert parallelism (ep with FSDP2, without cp), and pipeline parallelism with DDP,
+ZeRO-1 or FSDP2 and tensor parallelism inside its stages (FSDP2 as torchtitan runs it under a
+pipeline: ``planner.parallel.fsdp_pipeline``). Other layouts are refused by name, never priced
+wrongly.
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ class Group(StrEnum):
 
     TP = "tp"  # a tensor-parallel group
     CP = "cp"  # a context-parallel group
-    DP = "dp"  # the data-parallel ranks (DDP, ZeRO-1)
+    DP = "dp"  # the data-parallel ranks (DDP, ZeRO-1; under HSDP every replica's shard groups together)
+    REPLICATE = "replicate"  # HSDP: the ranks holding the same shard, one per replica (its all-reduce)
     FSDP = "fsdp"  # the ranks FSDP2 shards over: data- and context-parallel together
     EP = "ep"  # an expert-parallel group: ep consecutive data-parallel ranks
     PP = "pp"  # a pipeline: one rank of each stage, world_size / pp ranks apart
@@ -64,7 +71,8 @@ class MeshAxis(StrEnum):
     """A named dimension of the device mesh (torchtitan's ``mesh_dim_names``)."""
 
     PP = "pp"  # the pipeline stages, outermost
-    DP = "dp"  # the data-parallel ranks (replicate or shard)
+    DP_REPLICATE = "dp_replicate"  # HSDP: the replicas, outside the shard dimension
+    DP = "dp"  # the data-parallel ranks (replicate or shard; under HSDP the shard dimension)
     DP_MOD_EP = "dp_mod_ep"  # under expert parallelism: the data-parallel ranks holding the same experts
     EP = "ep"  # an expert-parallel group: consecutive data-parallel ranks
     CP = "cp"
@@ -75,7 +83,8 @@ class MeshAxis(StrEnum):
 GROUP_AXES: dict[Group, frozenset[MeshAxis]] = {
     Group.TP: frozenset({MeshAxis.TP}),
     Group.CP: frozenset({MeshAxis.CP}),
-    Group.DP: frozenset({MeshAxis.DP, MeshAxis.DP_MOD_EP, MeshAxis.EP}),
+    Group.DP: frozenset({MeshAxis.DP_REPLICATE, MeshAxis.DP, MeshAxis.DP_MOD_EP, MeshAxis.EP}),
+    Group.REPLICATE: frozenset({MeshAxis.DP_REPLICATE}),
     Group.FSDP: frozenset({MeshAxis.DP, MeshAxis.DP_MOD_EP, MeshAxis.EP, MeshAxis.CP}),  # torchtitan's dp_shard_cp
     Group.EP: frozenset({MeshAxis.EP}),
     Group.PP: frozenset({MeshAxis.PP}),
@@ -116,9 +125,14 @@ class ParallelDims(BaseModel):
             raise ValueError("parallel.cp: context parallelism runs with FSDP2 over the data- and context-parallel "
                              "ranks together (torchtitan's dp_shard_cp); DDP and ZeRO-1 with it are not modelled: use "
                              "sharding gradients or full (ZeRO-2/3)")
-        if self.dp_replicate > 1 and self.dp_shard > 1:
-            raise ValueError(f"parallel: dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} (HSDP) is not "
-                             "modelled; use one data-parallel dimension")
+        if self.hsdp and not self.shards_parameters:
+            raise ValueError(f"parallel.dp_replicate: {self.dp_replicate} replicas of a ZeRO-1 shard group is not "
+                             "modelled; HSDP (dp_replicate x dp_shard) runs under FSDP2: use sharding gradients or "
+                             "full (ZeRO-2/3), or dp_replicate 1")
+        if self.hsdp and (self.cp > 1 or self.ep > 1 or self.pp > 1):
+            name = next(n for n in ("cp", "ep", "pp") if getattr(self, n) > 1)
+            raise ValueError(f"parallel.dp_replicate: HSDP with {name} {getattr(self, name)} is not modelled (measured "
+                             f"with data and tensor parallelism only); use dp_replicate 1 or {name} 1")
         if self.sp and self.tp == 1:
             raise ValueError("parallel.sp: sequence parallelism runs inside a tensor-parallel group; use tp > 1")
         if self.ep > 1 and (not self.shards_parameters or self.dp_shard % self.ep or self.cp > 1):
@@ -136,15 +150,27 @@ class ParallelDims(BaseModel):
 
     @classmethod
     def data_parallel_of(cls, world_size: int, zero_stage: int, tp: int = 1, sp: bool = False,
-                         cp: int = 1, ep: int = 1, pp: int = 1) -> ParallelDims:
+                         cp: int = 1, ep: int = 1, pp: int = 1, dp_replicate: int = 1) -> ParallelDims:
         """``world_size`` GPUs: groups of ``tp`` tensor-parallel ranks, ``cp`` such groups to a
         context-parallel group, data parallel over those at a ZeRO stage (0: DDP; 1: ZeRO-1;
-        2/3: FSDP2, over the data- and context-parallel ranks)."""
+        2/3: FSDP2, over the data- and context-parallel ranks; with ``dp_replicate`` > 1, HSDP:
+        FSDP2 over data-parallel ranks / dp_replicate, replicated that many times)."""
         if zero_stage not in SHARDING_OF_STAGE:
             raise ValueError(f"zero_stage: {zero_stage} is not a ZeRO stage; use 0, 1, 2 or 3")
         if tp < 1 or cp < 1 or pp < 1 or world_size % (tp * cp * pp):
             raise ValueError(f"tp x cp x pp: {tp} x {cp} x {pp} must divide the {world_size} GPUs")
         data = world_size // (tp * cp * pp)
+        if dp_replicate > 1:
+            if zero_stage < 2:
+                raise ValueError(f"dp_replicate: HSDP replicates FSDP2's shard groups; ZeRO-{zero_stage} is DDP or "
+                                 "ZeRO-1: use zero_stage 2 or 3")
+            if data % dp_replicate or data == dp_replicate:
+                raise ValueError(f"dp_replicate: {dp_replicate} must divide the {data} data-parallel ranks and leave "
+                                 "several to shard over")
+            return cls(dp_replicate=dp_replicate, dp_shard=data // dp_replicate, sharding=SHARDING_OF_STAGE[zero_stage],
+                       tp=tp, sp=sp, cp=cp, ep=ep, pp=pp)
+        if dp_replicate < 1:
+            raise ValueError(f"dp_replicate: {dp_replicate} must be positive")
         if data * cp == 1 or zero_stage == 0:
             if zero_stage:
                 raise ValueError("zero_stage: sharding needs several data-parallel ranks; use zero_stage 0")
@@ -171,6 +197,9 @@ class ParallelDims(BaseModel):
         return ((MeshAxis.PP, self.pp), *inner) if self.pp > 1 else inner
 
     def _inner_mesh(self) -> tuple[tuple[MeshAxis, int], ...]:
+        if self.hsdp:  # torchtitan's [dp_replicate, dp_shard, tp]
+            tensor = ((MeshAxis.TP, self.tp),) if self.tp > 1 else ()
+            return ((MeshAxis.DP_REPLICATE, self.dp_replicate), (MeshAxis.DP, self.dp_shard), *tensor)
         if self.cp > 1:
             return ((MeshAxis.DP, self.data_parallel), (MeshAxis.CP, self.cp), (MeshAxis.TP, self.tp))
         if self.ep > 1:
@@ -195,8 +224,14 @@ class ParallelDims(BaseModel):
     @property
     def fsdp_ranks(self) -> int:
         """The ranks FSDP2 (or ZeRO-1) shards the model state over: the data-parallel ranks, and
-        the context-parallel ranks with them (torchtitan's ``dp_shard_cp``)."""
-        return self.data_parallel * self.cp
+        the context-parallel ranks with them (torchtitan's ``dp_shard_cp``); under HSDP one
+        replica's: ``dp_shard``."""
+        return (self.dp_shard if self.hsdp else self.data_parallel) * self.cp
+
+    @property
+    def hsdp(self) -> bool:
+        """FSDP2 on a 2-D mesh: ``dp_replicate`` replicas of ``dp_shard`` shard ranks each."""
+        return self.dp_replicate > 1 and self.dp_shard > 1
 
     @property
     def expert_shard_ranks(self) -> int:
@@ -222,7 +257,9 @@ def layout_label(dims: ParallelDims) -> str:
     """``ZeRO-3 (FSDP2) × 8, CP 2, TP 8 + SP``: each dimension in use and its degree, data
     parallelism first."""
     parts = []
-    if dims.data_parallel > 1:
+    if dims.hsdp:
+        parts.append(f"HSDP: {_DATA_PARALLEL_LABEL[dims.sharding]} × {dims.dp_shard}, {dims.dp_replicate} replicas")
+    elif dims.data_parallel > 1:
         parts.append(f"{_DATA_PARALLEL_LABEL[dims.sharding]} × {dims.data_parallel}")
     elif dims.cp > 1:
         parts.append(f"{_DATA_PARALLEL_LABEL[dims.sharding]} over the CP ranks")

@@ -90,7 +90,8 @@ def test_knobs_refuse_what_the_flags_cannot_say(fields: dict[str, Any], words: t
 
 @pytest.mark.parametrize(("fields", "words"), [
     ({"sharding": "full"}, ("parallel.sharding", "dp_shard > 1")),
-    ({"dp_replicate": 2, "dp_shard": 2}, ("HSDP", "one data-parallel dimension")),
+    ({"dp_replicate": 2, "dp_shard": 2, "sharding": "optimizer"}, ("parallel.dp_replicate", "HSDP", "ZeRO-2/3")),
+    ({"dp_replicate": 2, "dp_shard": 2, "pp": 2}, ("parallel.dp_replicate", "HSDP with pp 2", "is not modelled")),
     ({"dp_shard": 2, "cp": 2, "pp": 2}, ("parallel.cp", "inside pipeline stages", "use cp 1 with pp > 1")),
 ])
 def test_parallel_dims_refuse_layouts_not_modelled(fields: dict[str, Any], words: tuple[str, ...]) -> None:

@@ -32,7 +32,9 @@ TRAINING = TrainConfig(seq_len=16384, global_batch_size=8)
 def _layouts(gpus: int) -> list[ParallelDims]:
     found = (layout_at(gpus, True, stage, tp, cp, ep)
              for stage, tp, cp, ep in itertools.product(range(4), (1, 2, 4, 8), (1, 2, 4), (1, 2, 4, 8)))
-    return [dims for dims in found if dims is not None]
+    hsdp = (layout_at(gpus, True, stage, tp, 1, 1, 1, replicas)
+            for stage, tp, replicas in itertools.product((2, 3), (1, 2, 4), (2, 4)))
+    return [dims for dims in (*found, *hsdp) if dims is not None]
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 8, 16, 64])
@@ -42,9 +44,10 @@ def test_ranks_per_node_follow_the_mesh_as_the_closed_form_did(gpus: int) -> Non
         assert dict(dims.mesh).get(MeshAxis.TP, 1) == dims.tp and dims.world_size == gpus
         for group, per_node in itertools.product(Group, (1, 2, 4, 8)):
             inner = {Group.TP: 1, Group.CP: dims.tp, Group.DP: dims.tp * dims.cp, Group.FSDP: dims.tp,
-                     Group.EP: dims.tp * dims.cp, Group.PP: dims.world_size // dims.pp}[group]
+                     Group.EP: dims.tp * dims.cp, Group.PP: dims.world_size // dims.pp,
+                     Group.REPLICATE: dims.tp * dims.cp * dims.dp_shard}[group]
             size = {Group.TP: dims.tp, Group.CP: dims.cp, Group.DP: dims.data_parallel, Group.FSDP: dims.fsdp_ranks,
-                    Group.EP: dims.ep, Group.PP: dims.pp}[group]
+                    Group.EP: dims.ep, Group.PP: dims.pp, Group.REPLICATE: dims.dp_replicate if dims.hsdp else 1}[group]
             assert dims.ranks_per_node(group, per_node) == max(1, min(size, per_node // inner))
 
 
