@@ -228,7 +228,9 @@ def _activation_rows(result: PlanResult) -> list[_Row]:
     loss = effective_loss(m)
     return [
         ("activations",
-         f"saved for backward by one micro-batch of {k.micro_batch_size}×{local_seq_len(t.seq_len, dims)} tokens"
+         ("saved for backward by the micro-batches in flight at the busiest pipeline rank's last forward, "
+          if dims.pp > 1 else "saved for backward by one micro-batch ")
+         + f"{'each ' if dims.pp > 1 else ''}of {k.micro_batch_size}×{local_seq_len(t.seq_len, dims)} tokens"
          + (f" (1/{dims.cp} of each sequence)" if dims.cp > 1 else ""),
          format_bytes(mem.activations_bytes)),
         ("logits",
