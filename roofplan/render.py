@@ -360,12 +360,13 @@ def alternatives_table(result: PlanResult) -> Table:
         segments = f" in {len(k.checkpoint_segments)} segments" if k.checkpoint_segments else ""
         table.add_row(
             f"{k.micro_batch_size} × {k.grad_accum_steps}",
-            *((sharding_label(k),) if sharded else ()),
+            *((sharding_label(k) + (f", {k.pp_schedule.value} v{k.pp_virtual}" if k.parallel.pp > 1 else ""),)
+              if sharded else ()),
             k.precision.value,
             f"{len(k.checkpointed)}/{n_layers}{segments}",
             format_bytes(est.memory.device_bytes),
             _seconds(est.step_time_s),
-            f"+{est.step_time_s / best - 1:.1%}",
+            f"{est.step_time_s / best - 1:+.1%}",
         )
     return table
 

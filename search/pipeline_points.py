@@ -119,6 +119,7 @@ def _fewest(peaks: _RankPeaks, r: int, hw: HardwareProfile, cap_bytes: int, gues
         return device_bytes(peaks(r, k), hw) <= cap_bytes
 
     most = peaks.most(r)
+    guess = None if guess is None else min(guess, most)  # the rank before may hold longer stages
     if fits(0):  # nothing needed: one walk
         return 0
     if most == 0:  # nothing to place (a split-backward schedule)

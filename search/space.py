@@ -287,6 +287,8 @@ def _schedules(pps: tuple[int, ...], fixed: PipelineSchedule | None,
         return (fixed,)
     if virtual is not None and virtual > 1:
         return tuple(s for s in SEARCHED_SCHEDULES if s not in SINGLE_STAGE)
+    if virtual == 1:  # one stage per rank: the looped schedule would be 1F1B's twin
+        return tuple(s for s in SEARCHED_SCHEDULES if s in SINGLE_STAGE)
     return SEARCHED_SCHEDULES
 
 

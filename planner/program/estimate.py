@@ -276,8 +276,10 @@ def step_time_s(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, 
     follow from the placement alone (``recomputed_ops``), and time needs nothing else of the walk."""
     program = step_program(model, training, hw, knobs)
     if knobs.parallel.pp > 1:
-        return pipelined_time(program, knobs, tuple(recomputed_ops(r.graph, program.units)
-                                                    for r in program.ranks), whole=False).step_time_s
+        # each rank's recompute over every stage it holds (a looped schedule's ``others`` too)
+        recomputed = tuple(frozenset().union(*(recomputed_ops(g, program.units) for g in r.graphs))
+                           for r in program.ranks)
+        return pipelined_time(program, knobs, recomputed, whole=False).step_time_s
     return program.time(recomputed_ops(program.busiest.graph, program.units)).step_time_s
 
 
