@@ -321,7 +321,9 @@ def _searched_plan(model: ModelConfig, training: TrainConfig, asked: _Asked, opt
                        best=outcome.closest, search=outcome.stats)
         scale = {"precisions": space.precisions, "gpus": asked.gpus, "grad_sync": asked.grad_sync,
                  "allow_segments": asked.allow_segments, "checkpoint_policy": asked.checkpoint_policy,
-                 "save": asked.save_list}
+                 "save": asked.save_list,
+                 "pipeline": (request.pp, asked.pipeline.schedule, asked.pipeline.virtual)
+                 if request.pp is not None and request.pp > 1 else None}
         raise infeasible_error(model, training, hw, cap, space, closest, asked.headroom, scale, on_stage, on_progress)
     return Plan(model=summary, training=training, hardware=hw, **plan_cap, parallel=asked.parallel,
                 best=outcome.best, alternatives=outcome.alternatives, pareto=outcome.pareto, search=outcome.stats)

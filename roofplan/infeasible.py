@@ -22,6 +22,7 @@ from planner.plan.knobs import GradSync
 from planner.plan.layouts import as_flags
 from planner.plan.optimizer import optimizer_spec
 from planner.plan.parallel_dims import layout_label
+from planner.plan.pipeline_schedules import PipelineSchedule
 from planner.precision import PrecisionPolicy
 from planner.program.estimate import estimate
 from planner.program.results import PlanResult
@@ -84,7 +85,8 @@ def scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, ca
               precisions: tuple[PrecisionPolicy, ...], gpus: int,
               grad_sync: GradSync = GradSync.EVERY, allow_segments: bool = True,
               checkpoint_policy: CheckpointPolicy | None = None,
-              save: SaveList = TORCHTITAN_SAVE_LIST, on_progress: Progress | None = None) -> str | None:
+              save: SaveList = TORCHTITAN_SAVE_LIST, on_progress: Progress | None = None,
+              pipeline: tuple[int, PipelineSchedule | None, int | None] | None = None) -> str | None:
     """"N GPUs with ZeRO-s would hold it" for the fewest N above ``gpus``, or None (the user's
     checkpoint policy kept, and named in the command); ``on_progress(tried, counts)`` follows the
     GPU counts tried."""
@@ -92,7 +94,7 @@ def scale_out(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, ca
 
     found = fewest_gpus(model, training, hw, cap, precisions, start=gpus, fsdp_grad_sync=grad_sync,
                         allow_segments=allow_segments, checkpoint_policy=checkpoint_policy, save_list=save,
-                        on_progress=on_progress)
+                        on_progress=on_progress, pipeline=pipeline)
     if found is None:
         return None
     n, knobs = found

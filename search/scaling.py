@@ -15,6 +15,7 @@ from planner.model.config import ModelConfig, TrainConfig
 from planner.plan.checkpointing import TORCHTITAN_SAVE_LIST, CheckpointPolicy, SaveList
 from planner.plan.knobs import GradSync, Knobs
 from planner.plan.layouts import MODELLED_STAGES, divisors, layout_at, pipeline_degrees, scale_out_degrees
+from planner.plan.pipeline_schedules import PipelineSchedule
 from planner.precision import PrecisionPolicy
 from search.smallest import first_fitting
 from search.space import build_space
@@ -32,6 +33,7 @@ def fewest_gpus(
     checkpoint_policy: CheckpointPolicy | None = None,
     save_list: SaveList = TORCHTITAN_SAVE_LIST,
     on_progress: Callable[[int, int], None] | None = None,
+    pipeline: tuple[int, PipelineSchedule | None, int | None] | None = None,
 ) -> tuple[int, Knobs] | None:
     """The smallest GPU count above ``start`` on which some plan fits, with the least sharding
     that makes it fit (data parallelism alone, ZeRO-0 to 3, then tensor parallelism, then context
@@ -39,17 +41,23 @@ def fewest_gpus(
     the global batch times a tensor-parallel degree the model allows inside a node times a
     context-parallel degree it allows (each rank keeping ``MIN_CONTEXT_SHARD_TOKENS`` of a
     sequence). With ``GradSync.LAST`` only ZeRO-2/3 are tried (the mode exists only there), priced
-    in that mode; a fixed ``checkpoint_policy`` is kept. ``on_progress(tried, counts)`` follows the
+    in that mode; a fixed ``checkpoint_policy`` is kept, and a fixed pipeline (``pipeline``: the
+    request's ``--pp``, schedule and stages per rank): then every count is a multiple of its
+    degree and only its layouts are tried. ``on_progress(tried, counts)`` follows the
     GPU counts above ``start`` as each is tried (``counts`` when it ends)."""
     degrees, contexts = scale_out_degrees(model, training.seq_len, hw.gpus_per_node)
-    counts = sorted({dp * tp * cp for dp in divisors(training.global_batch_size) for tp in degrees for cp in contexts})
+    fixed_pp = pipeline[0] if pipeline is not None else 1
+    contexts = contexts if fixed_pp == 1 else (1,)  # context parallelism is not modelled inside a pipeline
+    counts = sorted({dp * tp * cp * fixed_pp for dp in divisors(training.global_batch_size) for tp in degrees
+                     for cp in contexts})
     above = [n for n in counts if n > start]
     for tried, gpus in enumerate(counts):
         if gpus <= start:
             continue
         if on_progress is not None:
             on_progress(tried - (len(counts) - len(above)), len(above))
-        layouts = [(stage, 1, 1, 1) for stage in MODELLED_STAGES] + [
+        layouts = [(stage, tp, 1, fixed_pp) for tp in degrees if not gpus % (tp * fixed_pp)
+                   for stage in MODELLED_STAGES] if fixed_pp > 1 else [(stage, 1, 1, 1) for stage in MODELLED_STAGES] + [
             (stage, tp, 1, 1) for tp in degrees if tp > 1 and not gpus % tp for stage in MODELLED_STAGES] + [
             (stage, tp, cp, 1) for cp in contexts if cp > 1 for tp in degrees if not gpus % (tp * cp)
             for stage in MODELLED_STAGES] + [
@@ -67,7 +75,9 @@ def fewest_gpus(
                                     zero_stage=stage,
                                     fsdp_grad_sync=fsdp_grad_sync if fsdp else GradSync.EVERY, tensor_parallel=tp,
                                     context_parallel=cp, checkpoint_policy=checkpoint_policy, save_list=save_list,
-                                    expert_parallel=None, pipeline_parallel=pp)
+                                    expert_parallel=None, pipeline_parallel=pp,
+                                    pp_schedule=pipeline[1] if pipeline is not None else None,
+                                    pp_virtual=pipeline[2] if pipeline is not None else None)
             except ConfigError:  # no policy of the request runs at this layout
                 continue
             found = first_fitting(model, training, hw, space, cap_bytes)

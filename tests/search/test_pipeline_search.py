@@ -126,3 +126,15 @@ def test_a_middle_rank_after_a_longer_stage_checkpoints_only_what_it_needs() -> 
     ev = evaluate(model, training, HW, cap, base)
     assert ev.fits
     assert set(ev.knobs.checkpoint_blocks) == {0, 1, 2, 3, 4}
+
+
+def test_the_fewest_gpus_advice_keeps_a_fixed_pipeline() -> None:
+    """Regression: with ``--pp 2 --pp-schedule gpipe`` fixed and nothing fitting, the advice named
+    a layout without the pipeline; it now keeps the degree and the schedule."""
+    from planner.errors import InfeasibleError
+
+    training = TrainConfig(seq_len=512, global_batch_size=64)
+    with pytest.raises(InfeasibleError) as refused:
+        api.plan(MODEL, training, "h100-sxm", int(1.2e9), gpus=16, pp=2, pp_schedule="gpipe")
+    advice = str(refused.value).splitlines()[-1]
+    assert "--pp 2 --pp-schedule gpipe" in advice and "it fits on" in advice
