@@ -42,8 +42,9 @@ def _plan(gpus: int, stage: int, accum: int = 2, precision: str = "fp32", blocks
 # (ZeRO stage, accumulation, precision, FSDP2 gradient sync, tensor-, context-, expert-parallel degree,
 # model); "moe" is a small Mixtral-style model (4 experts: 2 per rank under expert parallelism,
 # every expert's inner size split under tensor parallelism)
+# (ZeRO-2 fp32 and ZeRO-3 without accumulation are left to the fake-process-group tests, as FSDP2's
+# other cases here cover its real collectives)
 GLOO_CASES = [(0, 1, "fp32", "every", 1, 1, 1, "dense"), (1, 2, "fp32", "every", 1, 1, 1, "dense"),
-              (2, 2, "fp32", "every", 1, 1, 1, "dense"), (3, 1, "bf16-mixed", "every", 1, 1, 1, "dense"),
               (3, 3, "bf16-mixed", "last", 1, 1, 1, "dense"), (0, 2, "bf16-mixed", "every", 2, 1, 1, "dense"),
               (3, 2, "bf16-mixed", "every", 1, 2, 1, "dense"), (3, 2, "bf16-mixed", "every", 1, 1, 2, "moe"),
               (0, 2, "bf16-mixed", "every", 2, 1, 1, "moe")]
