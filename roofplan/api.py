@@ -43,6 +43,7 @@ from planner.program.results import ModelSummary, ParetoPoint, PlanEntry, PlanRe
 from roofplan.infeasible import infeasible_error
 from roofplan.memory_cap import hbm_cap, headroom_bytes
 from roofplan.pipeline_flags import PipelineRequest, pipeline_request
+from roofplan.plan_flags import checkpoint_blocks_flag, checkpoint_policy_flag, grad_sync_flag, precisions_flag
 from roofplan.results import Plan
 
 if TYPE_CHECKING:  # search imports optuna: only when a search runs
@@ -114,18 +115,6 @@ def system(hardware: str | Path | HardwareProfile | None, gpus_per_node: int | N
     return load_hardware(hardware).with_gpus_per_node(gpus_per_node)
 
 
-def _grad_sync(value: str | GradSync, gpus: int, zero_stage: int | None) -> GradSync:
-    """``--fsdp-grad-sync``, checked against the plan's sharding."""
-    try:
-        sync = GradSync(value.strip().lower() if isinstance(value, str) else value)
-    except ValueError:
-        raise ConfigError(f"--fsdp-grad-sync: {value!r} is not a mode; use every or last") from None
-    if sync is GradSync.LAST and (gpus < 2 or (zero_stage is not None and zero_stage < 2)):
-        raise ConfigError("--fsdp-grad-sync: last applies to ZeRO-2/3 (FSDP2) on several GPUs; DDP and ZeRO-1 "
-                          "already reduce once per step (use --gpus N and --zero-stage 2 or 3, or leave it every)")
-    return sync
-
-
 def plan(
     model: ModelConfig,
     training: TrainConfig,
@@ -187,18 +176,18 @@ def plan(
     many replicas; None searches it across nodes (each replica whole nodes), 1 turns it off.
     """
     hw = system(hardware, gpus_per_node)
-    ckpt_policy = _checkpoint_policy(checkpoint_policy)
+    ckpt_policy = checkpoint_policy_flag(checkpoint_policy)
     if save_list is not None and ckpt_policy not in (None, CheckpointPolicy.OPS):
         raise ConfigError(f"--save-list: applies to --checkpoint-policy ops (per-op selective checkpointing), not "
                           f"{ckpt_policy.value}; leave it out or use --checkpoint-policy ops")
     asked = _Asked(
-        hw=hw, **_caps(hw, hbm, headroom), gpus=gpus, policies=_policies(precisions), micro_batch_size=micro_batch_size,
-        blocks=_checkpoint_blocks(checkpoint, model.n_layers), checkpoint_policy=ckpt_policy,
+        hw=hw, **_caps(hw, hbm, headroom), gpus=gpus, policies=precisions_flag(precisions), micro_batch_size=micro_batch_size,
+        blocks=checkpoint_blocks_flag(checkpoint, model.n_layers), checkpoint_policy=ckpt_policy,
         save_list=save_list if isinstance(save_list, SaveList) else parse_save_list(save_list or "torchtitan"),
-        grad_sync=_grad_sync(fsdp_grad_sync, gpus, zero_stage), allow_segments=allow_segments,
+        grad_sync=grad_sync_flag(fsdp_grad_sync, gpus, zero_stage), allow_segments=allow_segments,
         layout=checked_request(model, LayoutRequest(gpus=gpus, zero_stage=zero_stage, tp=tp, cp=cp, ep=ep,
-                                                    sp=sequence_parallel, pp=_pipeline_degree(model, hw, gpus, pp),
-                                                    dp_replicate=_replicate_degree(hw, gpus, dp_replicate))),
+                                                    sp=sequence_parallel, pp=_searched_degree(pp, gpus, lambda: pipeline_degrees(model, gpus, None, hw.gpus_per_node)),
+                                                    dp_replicate=_searched_degree(dp_replicate, gpus, lambda: replicate_degrees(gpus, None, hw.gpus_per_node)))),
         pipeline=pipeline_request(pp_schedule, pp_layers, pp, pp_virtual))
     if asked.fixed:
         return _fixed_plan(model, training, asked)
@@ -214,19 +203,13 @@ def plan(
     return _searched_plan(model, training, asked, options, on_trial, on_stage, on_progress)
 
 
-def _pipeline_degree(model: ModelConfig, hw: HardwareProfile, gpus: int, pp: int | None) -> int | None:
-    """``--pp``, or None where the search has pipeline degrees to try (``pipeline_degrees``: across
-    nodes), else 1 (one node: a request fixing every other degree is then fixed)."""
-    if pp is not None or gpus < 1:
-        return pp
-    return None if pipeline_degrees(model, gpus, None, hw.gpus_per_node) != (1,) else 1
-
-
-def _replicate_degree(hw: HardwareProfile, gpus: int, dp_replicate: int | None) -> int | None:
-    """``--dp-replicate``, or None where the search has HSDP replicas to try (across nodes), else 1."""
-    if dp_replicate is not None or gpus < 1:
-        return dp_replicate
-    return None if replicate_degrees(gpus, None, hw.gpus_per_node) != (1,) else 1
+def _searched_degree(given: int | None, gpus: int, candidates: Callable[[], tuple[int, ...]]) -> int | None:
+    """A degree flag (``--pp``, ``--dp-replicate``), or None where the search has degrees to try
+    (``candidates``: the layout authority's, across nodes), else 1 (one node: a request fixing every
+    other degree is then fixed)."""
+    if given is not None or gpus < 1:
+        return given
+    return None if candidates() != (1,) else 1
 
 
 def _caps(hw: HardwareProfile, hbm: str | int | None, headroom: str | int | float | None) -> dict[str, int]:
@@ -357,37 +340,6 @@ def _warn(line: str) -> None:
     import warnings
 
     warnings.warn(line, ConfigWarning, stacklevel=3)
-
-
-def _checkpoint_policy(value: str | CheckpointPolicy | None) -> CheckpointPolicy | None:
-    """``--checkpoint-policy``, checked."""
-    if value is None or isinstance(value, CheckpointPolicy):
-        return value
-    try:
-        return CheckpointPolicy(value.strip().lower())
-    except ValueError:
-        choices = ", ".join(p.value for p in CheckpointPolicy)
-        raise ConfigError(f"--checkpoint-policy: {value!r} is not a policy; use {choices}") from None
-
-
-def _policies(precisions: Sequence[str] | str | None) -> tuple[PrecisionPolicy, ...] | None:
-    if precisions is None:
-        return None
-    names = [p.strip() for p in (precisions.split(",") if isinstance(precisions, str) else precisions) if p.strip()]
-    try:
-        return tuple(PrecisionPolicy(name) for name in names) or None
-    except ValueError:
-        bad = next(n for n in names if n not in {p.value for p in PrecisionPolicy})
-        choices = ", ".join(p.value for p in PrecisionPolicy)
-        raise ConfigError(f"--precision: {bad!r} is not a policy; use {choices}") from None
-
-
-def _checkpoint_blocks(checkpoint: str | Sequence[int] | None, n_layers: int) -> tuple[int, ...] | None:
-    if checkpoint is None:
-        return None
-    if isinstance(checkpoint, str):
-        return parse_checkpoint_spec(checkpoint, n_layers)
-    return parse_checkpoint_spec(",".join(str(int(b)) for b in checkpoint) or "none", n_layers)
 
 
 __all__ = [

@@ -38,8 +38,9 @@ from planner.plan.layouts import (
 )
 from planner.plan.parallel_dims import ParallelDims
 from planner.plan.pipeline_plan import check_modelled
-from planner.plan.pipeline_schedules import SINGLE_STAGE, PipelineSchedule, default_virtual
+from planner.plan.pipeline_schedules import PipelineSchedule, default_virtual
 from planner.precision import PrecisionPolicy, precision_spec
+from search.pipeline_space import SEARCHED_SCHEDULES, check_fixed_pipeline, searched_schedules
 
 # The default policy (README "Search"): by default only a policy that trains like the fp32
 # baseline (fp32 master weights and optimizer state, low-precision matmuls under autocast), so
@@ -53,11 +54,6 @@ MICRO_BATCH = "micro_batch_size"
 PRECISION = "precision"
 PP_SCHEDULE = "pp_schedule"
 ZERO_STAGE, TP, CP, EP, PP, DP_REPLICATE = SEARCHED  # the layout's dimensions: planner.plan.layouts' names
-# the pipeline schedules tried where --pp-schedule is left out: 1F1B, and Interleaved1F1B at two stages
-# per rank (its bubble (p-1)/(2m) for a few more micro-batches in flight). GPipe and LoopedBFS hold
-# every micro-batch at once for the same bubble; the zero-bubble schedules are refused with
-# checkpointing (planner.plan.pipeline_plan.check_modelled) and fixed only on request
-SEARCHED_SCHEDULES = (PipelineSchedule.ONE_F_ONE_B, PipelineSchedule.INTERLEAVED_1F1B)
 Choice = int | str | bool
 Point = dict[str, Choice]
 
@@ -277,42 +273,6 @@ def left_out_note(space: SearchSpace) -> str | None:
             "fp16 and Float8 training for fp8)")
 
 
-def _schedules(pps: tuple[int, ...], fixed: PipelineSchedule | None,
-               virtual: int | None) -> tuple[PipelineSchedule, ...]:
-    """The schedules a space tries: none without a pipeline degree above 1, the one fixed, or
-    ``SEARCHED_SCHEDULES`` (only the looped one when ``--pp-virtual`` asks for several stages per rank)."""
-    if pps == (1,):
-        return ()
-    if fixed is not None:
-        return (fixed,)
-    if virtual is not None and virtual > 1:
-        return tuple(s for s in SEARCHED_SCHEDULES if s not in SINGLE_STAGE)
-    if virtual == 1:  # one stage per rank: the looped schedule would be 1F1B's twin
-        return tuple(s for s in SEARCHED_SCHEDULES if s in SINGLE_STAGE)
-    return SEARCHED_SCHEDULES
-
-
-def _check_fixed_pipeline(model: ModelConfig, space: SearchSpace, schedules: tuple[PipelineSchedule, ...],
-                          shares: set[int], sizes: tuple[int, ...], blocks: tuple[int, ...] | None) -> None:
-    """With ``--pp`` fixed, refuse in one line what no point of the space could run: a schedule
-    torch refuses at the most micro-batches any point gives it, stages the blocks cannot fill, a
-    ``--pp-layers`` that does not fit, or a split-backward schedule with fixed checkpointing."""
-    pps = [pp for pp in space.pipeline_parallel if pp > 1]
-    if len(pps) != 1 or not schedules or not shares:
-        return
-    most = max(share // min(sizes) for share in shares)
-    refusals = []
-    for schedule in schedules:
-        virtual = space.pipeline({PP_SCHEDULE: schedule.value})[1]
-        try:
-            check_modelled(schedule, pps[0], most, model.n_layers, space.pp_layers, virtual,
-                           checkpointing=bool(blocks))
-        except ConfigError as error:
-            refusals.append(error)
-    if len(refusals) == len(schedules):  # every schedule refused: the first one's reason
-        raise refusals[0]
-
-
 def _plain(value: Any) -> Choice:
     if isinstance(value, bool | int):
         return value
@@ -371,7 +331,7 @@ def build_space(
     shares = {training.global_batch_size * tp * cp * pp // gpus for tp, cp in layouts for pp in choices.pp
               if not gpus % (tp * cp * pp) and not training.global_batch_size % (gpus // (tp * cp * pp))}
     # sequences per data-parallel rank
-    schedules = _schedules(choices.pp, pp_schedule, pp_virtual)
+    schedules = searched_schedules(choices.pp, pp_schedule, pp_virtual)
     if micro_batch_size is not None:
         if micro_batch_size <= 0 or not any(share % micro_batch_size == 0 for share in shares):
             per = " or ".join(str(share) for share in sorted(shares))
@@ -408,7 +368,11 @@ def build_space(
                            layouts=layouts, n_layers=model.n_layers, pp_virtual=pp_virtual, pp_layers=pp_layers)
 
     space = space_of(chosen)
-    _check_fixed_pipeline(model, space, schedules, shares, sizes, checkpoint_blocks)
+    fixed_pp = [pp for pp in space.pipeline_parallel if pp > 1]
+    if len(fixed_pp) == 1 and schedules and shares:  # what no point of a fixed --pp could run: refused
+        check_fixed_pipeline(model.n_layers, fixed_pp[0], space.pp_layers,
+                             tuple((s, space.pipeline({PP_SCHEDULE: s.value})[1]) for s in schedules),
+                             max(share // min(sizes) for share in shares), bool(checkpoint_blocks))
     runnable = tuple(p for p in chosen if any(point[PRECISION] == p.value for point in space.points()))
     note = left_out_note(space) if on_left_out is not None and runnable else None
     if note is not None and on_left_out is not None:
