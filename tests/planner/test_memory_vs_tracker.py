@@ -76,18 +76,22 @@ def test_placement_matters_and_planner_agrees() -> None:
 
 
 SEVEN_B_CASES = [
-    # (precision, optimizer impl, checkpointed blocks, micro-batch, accumulation)
-    ("fp32", "foreach", (), 1, 1),
-    ("fp32", "fused", tuple(range(0, 8)), 1, 2),
-    ("bf16-true", "foreach", tuple(range(32)), 2, 1),
-    ("bf16-true", "fused", tuple(range(24, 32)), 1, 2),
+    # (precision, optimizer impl, checkpointed blocks, micro-batch, accumulation, blocks kept): the whole
+    # 32-block model once; the other cases keep Llama 2 7B's first 8 blocks at full width (the same
+    # block shapes, embedding and head; a quarter of the CPU)
+    ("fp32", "foreach", (), 1, 1, 32),
+    ("fp32", "fused", (0, 1), 1, 2, 8),
+    ("bf16-true", "foreach", tuple(range(8)), 2, 1, 8),
+    ("bf16-true", "fused", (6, 7), 1, 2, 8),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("precision", "impl", "blocks", "micro", "accum"), SEVEN_B_CASES)
-def test_llama2_7b_peak_matches_tracker(precision: str, impl: str, blocks: tuple[int, ...], micro: int, accum: int) -> None:
+@pytest.mark.parametrize(("precision", "impl", "blocks", "micro", "accum", "n_layers"), SEVEN_B_CASES)
+def test_llama2_7b_peak_matches_tracker(precision: str, impl: str, blocks: tuple[int, ...], micro: int, accum: int,
+                                        n_layers: int) -> None:
     model, training = resolve("llama2-7b", seq_len=1024, global_batch_size=micro * accum)
+    model = model.model_copy(update={"n_layers": n_layers})
     training = TrainConfig.model_validate({**training.model_dump(), "optimizer_impl": impl})
     knobs = Knobs(micro_batch_size=micro, grad_accum_steps=accum, precision=precision, checkpoint_blocks=blocks)
     predicted, measured = _compare(model, training, knobs)

@@ -82,18 +82,18 @@ def test_the_polish_repairs_a_coupled_layout() -> None:
 
 def test_searched_stage_is_the_fastest_fixed_stage() -> None:
     """ZeRO stage as a knob: DDP does not fit 7B on 16 x 80 GB here, every sharded stage does,
-    and the search returns the fastest of the four stages searched one by one (no pipeline: with
-    two stages DDP fits too, tests/search/test_pipeline_search.py)."""
+    and the search returns the fastest of the four stages searched one by one (tp 1 throughout, a
+    quarter of the space; no pipeline: with two stages DDP fits too, tests/search/test_pipeline_search.py)."""
     model, training = api.load_model("llama2-7b", global_batch_size=64)
     fixed: dict[int, float] = {}
     for stage in (0, 1, 2, 3):
         try:
             fixed[stage] = api.plan(model, training, "h100-sxm", "80GB", gpus=16, precisions=["bf16-mixed"],
-                                    zero_stage=stage, pp=1).best.estimate.step_time_s
+                                    zero_stage=stage, pp=1, tp=1).best.estimate.step_time_s
         except InfeasibleError:
             continue
     assert sorted(fixed) == [1, 2, 3]
-    result = api.plan(model, training, "h100-sxm", "80GB", gpus=16, precisions=["bf16-mixed"], pp=1)
+    result = api.plan(model, training, "h100-sxm", "80GB", gpus=16, precisions=["bf16-mixed"], pp=1, tp=1)
     fastest = min(fixed, key=lambda s: fixed[s])
     assert result.best.knobs.zero_stage == fastest
     assert result.best.estimate.step_time_s == pytest.approx(fixed[fastest], rel=1e-12)
