@@ -1,5 +1,6 @@
 """Fit, on the fit half of llm-foundry's published MPT runs only (``published_runs.split_half``),
-each GPU profile's ``step_efficiency`` and the causal rate of the runs' Triton attention kernel,
+the llm-foundry stack's ``step_efficiency`` per GPU profile and the causal rate of the runs' Triton
+attention kernel (``hardware/stacks/llm-foundry.yaml`` holds the results),
 and report the test half with the fitted values (``python benchmarks/published_fit.py``). What the
 runs are and how each is planned: ``benchmarks/published_runs.py``."""
 
@@ -25,6 +26,7 @@ from published_runs import (
 from hardware.kernels import AttentionCurve, AttentionKernel, Direction
 from hardware.profile import HardwareProfile
 from hardware.registry import load_hardware
+from hardware.stack import Stack, on_stack
 
 
 def _bisect(median_error: Callable[[float], float], low: float, high: float, rounds: int) -> float:
@@ -59,7 +61,7 @@ def fit_profile(rows: list[dict[str, str]], models: dict[str, dict[str, str]], p
     Triton attention kernel's causal rate, so that the median error of the rows of at least 8k tokens
     is zero (the context where attention is most of the step), and ``step_efficiency``, so that the
     median error of all rows is zero. Returns the fitted profile and both medians."""
-    hardware = load_hardware(profile)
+    hardware = on_stack(load_hardware(profile), Stack.LLM_FOUNDRY)  # the stack's fitted figures, to be fitted again
     long_rows = [r for r in rows if int(r["seq_len"]) >= 8192]
     rate = next((c.tflops[0] for c in hardware.attention_curves if c.kernel is AttentionKernel.FLASH_TRITON), 100.0)
     for _ in range(sweeps):

@@ -67,6 +67,14 @@ SCHEDULE = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b", "megatron-int
 ZERO_STAGES = {"fsdp2": (2,), "distributed-optimizer": (1, 2)}  # first accepted wins
 PRECISIONS = {"bf16": ("bf16-mixed",), "fp8-torchao": ("fp8-mixed", "bf16-mixed"), "fp8-te": ("fp8-mixed", "bf16-mixed")}
 CHECKPOINT = {"full": "all", "none": "none"}
+
+
+def stack_of(row: dict[str, str]) -> str:
+    """The software stack a row ran under (hardware/stacks): torchtitan, compiled or not, and
+    NeMo / Megatron-Bridge as Megatron-Core with Transformer Engine."""
+    if row["source"] == "torchtitan":
+        return "torchtitan-compile" if "torch.compile" in row["other"] else "torchtitan"
+    return "megatron"
 SOURCES = {
     "torchtitan": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md @820504e2",
     "nemo-24.07": "NVIDIA/NeMo docs/source/performance/performance_summary.md @8e3d65dc",
@@ -137,7 +145,7 @@ def _knob_candidates(row: dict[str, str]) -> list[tuple[int, str]]:
 def _estimate(row: dict[str, str], zero_stage: int, precision: str) -> api.PlanResult:
     """The estimate of one row with every knob fixed (ConfigError when the planner refuses it)."""
     seq_len, gbs = int(row["seq_len"]), int(row["global_batch"])
-    model, training = api.load_model(row["model"], seq_len=seq_len, global_batch_size=gbs)
+    model, training = api.load_model(row["model"], seq_len=seq_len, global_batch_size=gbs, stack=stack_of(row))
     tp, cp, vp = int(row["tp"]), int(row["cp"]), int(row["vp"])
     layers = tuple(int(n) for n in row["pp_layers"].split(";")) if row["pp_layers"] else None
     return api.plan(

@@ -162,7 +162,7 @@ def build_model(arch: dict[str, str], seq_len: int, global_batch: int, name: str
             "qkv_bias": True, "attn_out_bias": True, "mlp_bias": True, "norm_bias": True,  # no_bias=False
             "norm": "layernorm", "mlp": "gelu", "positions": "learned", "attention": "flash", "attention_kernel": attention_kernel,
         },
-        "training": {"seq_len": seq_len, "global_batch_size": global_batch},
+        "training": {"seq_len": seq_len, "global_batch_size": global_batch, "stack": "llm-foundry"},
     }
     return api.load_model(spec)
 

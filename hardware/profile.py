@@ -141,9 +141,13 @@ class HardwareProfile(BaseModel):
     )
     step_efficiency: Fraction = Field(
         default=1.0,
-        description="share of the kernel-level roofline an eager PyTorch training step reaches (kernel gaps, "
-                    "dispatch), fitted to published end-to-end runs; 1.0 where none was fitted",
+        description="share of the kernel-level roofline a training step reaches (kernel gaps, dispatch): set by "
+                    "the software stack's residual for this device (hardware.stack.on_stack), never by a profile "
+                    "file; 1.0 where the stack has none",
     )
+    applied_stack: str | None = Field(
+        default=None, description="the software stack these figures are laid over (hardware.stack.on_stack); "
+                                  "None in every profile file")
     overlap_compute_slowdown: float = Field(
         default=0.0, ge=0, le=1,
         description="how much slower compute runs while collectives overlap it (shared SMs and memory bandwidth)",

@@ -31,6 +31,11 @@ def profile_from_mapping(data: object, context: str) -> HardwareProfile:
     """Validate a parsed YAML mapping as a profile; errors name ``context`` and the field."""
     if not isinstance(data, dict):
         raise ConfigError(f"{context}: expected a YAML mapping of profile fields, got {type(data).__name__}")
+    if data.get("step_efficiency", 1.0) != 1.0 or data.get("applied_stack") is not None:
+        key = "step_efficiency" if data.get("step_efficiency", 1.0) != 1.0 else "applied_stack"
+        raise ConfigError(f"{context}: {key}: a profile holds the device's own figures; a step efficiency fitted "
+                          "to a framework's runs belongs to that software stack (hardware/stacks/<stack>.yaml, "
+                          "chosen with --stack): remove the key")
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as error:

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from hardware.profile import HardwareProfile
 from hardware.registry import load_hardware
+from hardware.stack import parse_stack
 from hardware.validation import describe_validation_error
 from planner.errors import ConfigError, ConfigWarning, InfeasibleError
 from planner.graph.params import count_params
@@ -60,14 +61,19 @@ def load_model(
     optimizer: str | None = None,
     optimizer_impl: str | None = None,
     implementation: str | None = None,
+    stack: str | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
     """Model and training workload from a preset name, a YAML/JSON path, a dict or a config;
-    ``implementation`` (reference, hf, torchtitan) overrides the model file's."""
+    ``implementation`` (reference, hf, torchtitan) and ``stack`` (the software stack: pytorch,
+    torchtitan, torchtitan-compile, llm-foundry, megatron) override the model file's."""
     model, training = resolve(
         source, seq_len=seq_len, global_batch_size=global_batch_size, attention=attention, dropout=dropout,
         implementation=implementation,
     )
-    updates = {k: v for k, v in (("optimizer", optimizer), ("optimizer_impl", optimizer_impl)) if v is not None}
+    updates: dict[str, Any] = {k: v for k, v in (("optimizer", optimizer), ("optimizer_impl", optimizer_impl))
+                               if v is not None}
+    if stack is not None:
+        updates["stack"] = parse_stack(stack, "--stack")
     if updates:
         try:
             training = TrainConfig.model_validate({**training.model_dump(), **updates})
@@ -149,6 +155,7 @@ def plan(
     pp_virtual: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     dp_replicate: int | None = None,
+    stack: str | None = None,
 ) -> PlanResult:
     """The fastest plan that fits: knobs left as None are searched (optuna), the others fixed.
 
@@ -174,7 +181,12 @@ def plan(
     ``search.space.SEARCHED_SCHEDULES``). ``dp_replicate`` > 1 is HSDP: FSDP2 (ZeRO-2/3) shards
     over the data-parallel ranks / dp_replicate and all-reduces each sharded gradient across that
     many replicas; None searches it across nodes (each replica whole nodes), 1 turns it off.
+    ``stack`` (pytorch, torchtitan, torchtitan-compile, llm-foundry, megatron; ``hardware/stacks``)
+    overrides ``training.stack``: the kernels the step is timed with and the residual fitted to that
+    stack's published runs.
     """
+    if stack is not None:
+        training = training.model_copy(update={"stack": parse_stack(stack, "--stack")})
     hw = system(hardware, gpus_per_node)
     ckpt_policy = checkpoint_policy_flag(checkpoint_policy)
     if save_list is not None and ckpt_policy not in (None, CheckpointPolicy.OPS):

@@ -70,6 +70,10 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
                         "model), hf (transformers), torchtitan; each saves different tensors")
     p.add_argument("--optimizer", choices=("adamw", "sgd-momentum", "sgd"), default=None)
     p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default=None)
+    p.add_argument("--stack", default=None,
+                   help="the software stack the step runs under (overrides the model file's training.stack): "
+                        "pytorch (eager, the default; what validate runs), torchtitan, torchtitan-compile, "
+                        "llm-foundry, megatron (hardware/stacks)")
 
 
 def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
@@ -164,6 +168,7 @@ def _run(args: argparse.Namespace) -> int:
         implementation=args.implementation,
         optimizer=args.optimizer,
         optimizer_impl=args.optimizer_impl,
+        stack=args.stack,
     )
     _check_outputs(args.out, args.plot)
     check_export_paths(args)

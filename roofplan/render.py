@@ -20,7 +20,7 @@ from planner.plan.optimizer import optimizer_spec
 from planner.plan.parallel_dims import layout_label
 from planner.precision import precision_spec
 from roofplan.render_state import rank_gradient_count
-from roofplan.time_sources import time_sources
+from roofplan.time_sources import checked_against, time_sources
 
 if TYPE_CHECKING:
     from planner.program.results import PlanResult
@@ -302,8 +302,7 @@ def time_table(result: PlanResult) -> Table:
         f"{est.tokens_per_s:,.0f} tok/s · MFU {est.mfu:.1%}",
     )
     table.add_row("limited by", f"{est.limiting_bound.value} (time-weighted over ops)", "")
-    checked = hw.time_validation or f"no measured runs compared on {hw.name} yet: a roofline estimate"
-    table.add_row("checked against", checked, "")
+    table.add_row("checked against", checked_against(hw, result.training.stack), "")
     return table
 
 
@@ -311,7 +310,8 @@ def sources_table(result: PlanResult) -> Table:
     """The kernel figures behind the step time and MFU, and where each was measured."""
     k = result.best.knobs
     rows = time_sources(result.model.config, result.training.seq_len, result.hardware,
-                        precision_spec(k.precision).matmul_precision, k.parallel.world_size, ep=k.parallel.ep)
+                        precision_spec(k.precision).matmul_precision, k.parallel.world_size, ep=k.parallel.ep,
+                        stack=result.training.stack)
     table = Table(title="Where the time figures come from", title_justify="left", show_header=False)
     for what, figure in rows:
         table.add_row(what, figure)

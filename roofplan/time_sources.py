@@ -14,6 +14,7 @@ from hardware.dtypes import ComputePrecision
 from hardware.kernels import AttentionKernel, Direction, MemoryClass, pick_curve
 from hardware.profile import MEMORY_CLASS_FIGURE, Figure, HardwareProfile
 from hardware.ramps import Collective
+from hardware.stack import DEFAULT_STACK, Stack, load_stack, on_stack
 from planner.model.config import AttentionImpl, ModelConfig
 
 NO_SOURCE = "no source recorded in the profile"
@@ -96,19 +97,40 @@ def _all_to_all_row(hw: HardwareProfile, ep: int) -> tuple[str, str]:
             f"{all_to_all_method(hw, ep, gpus_per_node)} ({figure_source(hw, figure)})")
 
 
+def stack_rows(hw: HardwareProfile, stack: Stack) -> list[tuple[str, str]]:
+    """The software stack's rows: what it is, its residual on ``hw`` and where that was fitted, and
+    what it runs that is still priced as eager PyTorch."""
+    spec = load_stack(stack)
+    rows = [("software stack", f"{spec.name.value}: {spec.description} (hardware/stacks/{spec.name.value}.yaml)")]
+    residual = spec.residual(hw.name)
+    if residual is None:
+        rows.append(("in a real step", f"kernel-level roofline: no published {spec.name.value} run on {hw.name} "
+                                       "was fitted, so no residual"))
+    else:
+        rows.append(("in a real step", f"kernels at {residual.step_efficiency:.0%} of their isolated speed, "
+                                       f"{residual.fitted_on}; see checked against"))
+    if spec.not_priced:
+        rows.append(("priced as eager", "; ".join(spec.not_priced)))
+    return rows
+
+
+def checked_against(hw: HardwareProfile, stack: Stack) -> str:
+    """The runs this stack's step times were checked on, and the device's own note."""
+    evidence = load_stack(stack).evidence
+    return f"{evidence}; {hw.time_validation}" if hw.time_validation else evidence
+
+
 def time_sources(model: ModelConfig, seq_len: int, hw: HardwareProfile, precision: ComputePrecision,
-                 gpus: int, ep: int = 1) -> list[tuple[str, str]]:
-    """(what, figure and source) for each kernel class the step time is built from; ``ep``: the
-    expert-parallel group's size (an all-to-all row when above 1)."""
+                 gpus: int, ep: int = 1, stack: Stack = DEFAULT_STACK) -> list[tuple[str, str]]:
+    """(what, figure and source) for each kernel class the step time is built from, on ``hw`` as
+    ``stack`` runs it; ``ep``: the expert-parallel group's size (an all-to-all row when above 1)."""
+    hw = on_stack(hw, stack)
     gemm = (f"{hw.compute_efficiency[precision]:.0%} of the {precision.value} peak for large GEMMs "
             f"({figure_source(hw, Figure.COMPUTE_EFFICIENCY)})")
     if hw.gemm_half_dim:
         gemm += (f"; x d/(d+{hw.gemm_half_dim:g}) per dimension for smaller ones "
                  f"({figure_source(hw, Figure.GEMM_HALF_DIM)})")
-    rows = [("GEMMs", gemm), *_attention_rows(model, seq_len, hw), *_memory_rows(hw)]
-    if hw.step_efficiency < 1.0:
-        rows.append(("in a real step", f"kernels at {hw.step_efficiency:.0%} of their isolated speed "
-                                       f"({figure_source(hw, Figure.STEP_EFFICIENCY)}; see checked against)"))
+    rows = [("GEMMs", gemm), *_attention_rows(model, seq_len, hw), *_memory_rows(hw), *stack_rows(hw, stack)]
     if gpus > 1:
         rows.extend(_collective_rows(hw, gpus))
         if ep > 1:

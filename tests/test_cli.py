@@ -329,7 +329,7 @@ def test_hardware_show_bad_profile_subprocess(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("hardware", "needle"), [
-    ("a100-sxm-80gb", "llm-foundry's published runs, test half"),
+    ("a100-sxm-80gb", "its residual is llm-foundry's, borrowed"),  # the default eager stack's evidence
     ("l40s", "no published run checked against this profile"),
 ])
 def test_time_table_says_what_the_step_time_was_checked_against(capsys: pytest.CaptureFixture[str], hardware: str,

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from hardware.kernels import AttentionKernel
+from hardware.stack import DEFAULT_STACK, Stack
 from planner.model.checks import shape_problems, with_family_defaults
 from planner.model.families.deepseek.config import MlaConfig
 from planner.model.families.moe.config import MoeConfig
@@ -209,6 +210,8 @@ class TrainConfig(BaseModel):
     optimizer: OptimizerKind = OptimizerKind.ADAMW
     optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
     weight_decay: float = Field(default=0.1, ge=0.0)
+    stack: Stack = Field(default=DEFAULT_STACK, description="the software stack the step runs under (hardware/stacks): "
+                         "which kernels it calls and the residual fitted to its published runs")
 
     @model_validator(mode="after")
     def _sizes_bounded(self) -> TrainConfig:

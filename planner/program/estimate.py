@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hardware.profile import HardwareProfile
 from hardware.roofline import Bound
+from hardware.stack import on_stack
 from planner.cache import IdentityCache
 from planner.errors import ConfigError, UnsupportedPrecisionError
 from planner.graph.description import ModelDesc
@@ -189,7 +190,9 @@ def optimizer_shard_fraction(graph: LayerGraph, knobs: Knobs, hw: HardwareProfil
 def step_program(model: ModelConfig, training: TrainConfig, hw: HardwareProfile, knobs: Knobs) -> StepProgram:
     """The step program of ``knobs`` (checked): every rank's graph, static memory and engine,
     schedule, collectives and op times, and the plan's checkpoint units; under pipeline
-    parallelism one rank program per stage (``planner.program.pipeline_program``)."""
+    parallelism one rank program per stage (``planner.program.pipeline_program``). Timed on ``hw``
+    as ``training.stack`` runs it (``hardware.stack.on_stack``)."""
+    hw = on_stack(hw, training.stack)
     spec = check_knobs(model, training, hw, knobs)
     graph = rank_graph(model, training, knobs, spec, hw)
     units = checkpoint_units(model.n_layers, knobs.checkpoint_blocks, knobs.checkpoint_segments,
@@ -291,7 +294,9 @@ def estimate(
     hbm_cap_bytes: int | None = None,
 ) -> Estimate:
     """Everything about one configuration: its memory timeline, FLOPs and roofline step time
-    (``hw`` is the device and its node: ``HardwareProfile.gpus_per_node``)."""
+    (``hw`` is the device and its node: ``HardwareProfile.gpus_per_node``; timed as
+    ``training.stack`` runs it)."""
+    hw = on_stack(hw, training.stack)
     program = step_program(model, training, hw, knobs)
     walks = tuple(program.walk(rank=r) for r in program.ranks)
     busiest = max(range(len(walks)), key=lambda i: walks[i].peak.bytes)  # ties: the first stage

@@ -39,7 +39,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
 
 @pytest.fixture(scope="module")
 def nemo_qwen3() -> dict[int, object]:
-    model, training = api.load_model("qwen3-30b-a3b", seq_len=4096, global_batch_size=512)
+    model, training = api.load_model("qwen3-30b-a3b", seq_len=4096, global_batch_size=512, stack="megatron")
     out = {}
     for ep in (8, 1):
         knobs = Knobs(micro_batch_size=4, grad_accum_steps=16, precision="bf16-true",
@@ -81,7 +81,7 @@ def test_expert_parallelism_moves_the_same_work(nemo_qwen3) -> None:
 
 @pytest.fixture(scope="module")
 def nemo_gpt_oss() -> object:
-    model, training = api.load_model("gpt-oss-20b", seq_len=4096, global_batch_size=256)
+    model, training = api.load_model("gpt-oss-20b", seq_len=4096, global_batch_size=256, stack="megatron")
     knobs = Knobs(micro_batch_size=2, grad_accum_steps=16, precision="bf16-true",
                   checkpoint_blocks=range(model.n_layers), parallel=ParallelDims.data_parallel_of(8, 3, ep=8))
     return api.estimate_plan(model, training, "h100-sxm", knobs).best.estimate

@@ -30,7 +30,7 @@ TOLERANCE = 0.10
 
 
 def _tokens_per_s_per_gpu(preset: str, micro_batch: int, seq_len: int, checkpointed: str) -> tuple[float, bool]:
-    model, training = api.load_model(preset, seq_len=seq_len, global_batch_size=micro_batch * GPUS)
+    model, training = api.load_model(preset, seq_len=seq_len, global_batch_size=micro_batch * GPUS, stack="torchtitan")
     blocks = {"none": (), "full": tuple(range(model.n_layers)),
               "selective layer": tuple(range(1, model.n_layers, 2))}[checkpointed]
     knobs = Knobs(micro_batch_size=micro_batch, grad_accum_steps=1, precision="bf16-mixed", data_parallel=GPUS,
