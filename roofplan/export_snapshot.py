@@ -22,7 +22,10 @@ its category, a partial free keeping the rest as a new block), an op's momentary
 are allocated and freed at it. Between two observations frees come before allocations, so the
 largest total allocated in the trace is the walk's peak: the report's peak allocated bytes.
 Addresses come from a first-fit allocator over one segment (no caching-allocator rounding: the
-walk's bytes are already rounded to 512 B).
+walk's bytes are already rounded to 512 B). The format itself is written by
+``planner.memory.snapshot_format``, shared with what ``validate --memory-snapshot`` measured
+(``validate.memory_record``); ``predicted_heap`` keeps each block's op and category for
+``validate --compare`` (``roofplan.memory_compare``).
 
 Category colours are not set: memory_viz's page (``MemoryViz.js``, ``annotate_snapshot``) fails
 on a trace whose categories do not include ``unknown`` (it pushes to ``snapshot.categores``).
@@ -31,94 +34,44 @@ on a trace whose categories do not include ``unknown`` (it pushes to ``snapshot.
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from planner.errors import ConfigError
+from planner.memory.snapshot_format import SnapshotHeap, snapshot_dict
 from planner.memory.types import Category, Phase
 from planner.program.estimate import step_program
 from planner.program.results import PlanResult
 from roofplan.allocations import Moment, walk_moments
 
-BASE_ADDRESS = 0x7F0000000000
-_SEGMENT_ALIGN = 2 << 20  # the caching allocator's large segments are multiples of 2 MiB
+SOURCE = "roofplan"  # every frame's filename starts with it: roofplan/<category>
 
 
-@dataclass
-class _Block:
-    addr: int
-    size: int
-    category: Category
-    frames: list[dict[str, Any]]
+def _free_bytes(heap: SnapshotHeap, category: Category, n_bytes: int) -> int:
+    """Free ``n_bytes`` of ``category``: its latest block of that size, else its latest blocks
+    (a partial free keeps the rest as a new block); returns what it could not free."""
+    mine = [b for b in heap.live.values() if b.category is category]
+    exact = next((b for b in reversed(mine) if b.size == n_bytes), None)
+    if exact is not None:
+        heap.release(exact)
+        return 0
+    for block in reversed(mine):
+        if n_bytes <= 0:
+            break
+        heap.release(block)
+        if block.size > n_bytes:
+            heap.alloc(block.size - n_bytes, category, block.module, block.where)
+        n_bytes -= min(n_bytes, block.size)
+    return n_bytes
 
 
-@dataclass
-class _Heap:
-    """First-fit addresses over one segment, and the trace of what was done."""
-
-    free: list[tuple[int, int]] = field(default_factory=lambda: [(BASE_ADDRESS, 1 << 60)])  # (addr, size), by addr
-    live: list[_Block] = field(default_factory=list)  # in allocation order
-    trace: list[dict[str, Any]] = field(default_factory=list)
-    top: int = BASE_ADDRESS
-    allocated: int = 0
-    peak: int = 0
-
-    def alloc(self, size: int, category: Category, frames: list[dict[str, Any]]) -> _Block:
-        i = next(i for i, (_, n) in enumerate(self.free) if n >= size)
-        addr, n = self.free[i]
-        self.free[i:i + 1] = [(addr + size, n - size)] if n > size else []
-        block = _Block(addr, size, category, frames)
-        self.live.append(block)
-        self.top = max(self.top, addr + size)
-        self.allocated += size
-        self.peak = max(self.peak, self.allocated)
-        self.trace.append(_action("alloc", block))
-        return block
-
-    def release(self, block: _Block) -> None:
-        self.live.remove(block)
-        self.allocated -= block.size
-        self.trace += [_action("free_requested", block), _action("free_completed", block)]
-        self.free.append((block.addr, block.size))
-        self.free.sort()
-        merged: list[tuple[int, int]] = []
-        for addr, n in self.free:
-            if merged and merged[-1][0] + merged[-1][1] == addr:
-                merged[-1] = (merged[-1][0], merged[-1][1] + n)
-            else:
-                merged.append((addr, n))
-        self.free = merged
-
-    def free_bytes(self, category: Category, n_bytes: int) -> int:
-        """Free ``n_bytes`` of ``category``: its latest block of that size, else its latest blocks
-        (a partial free keeps the rest as a new block); returns what it could not free."""
-        mine = [b for b in self.live if b.category is category]
-        exact = next((b for b in reversed(mine) if b.size == n_bytes), None)
-        if exact is not None:
-            self.release(exact)
-            return 0
-        for block in reversed(mine):
-            if n_bytes <= 0:
-                break
-            self.release(block)
-            if block.size > n_bytes:
-                self.alloc(block.size - n_bytes, category, block.frames)
-            n_bytes -= min(n_bytes, block.size)
-        return n_bytes
-
-
-def _action(action: str, block: _Block) -> dict[str, Any]:
-    return {"action": action, "addr": block.addr, "size": block.size, "stream": 0, "frames": block.frames}
-
-
-def _frames(moment: Moment, category: Category) -> list[dict[str, Any]]:
+def _where(moment: Moment) -> str:
     where = f"{moment.op}: {moment.event}" if moment.event else moment.op
     when = moment.phase.value if moment.phase is Phase.OPTIMIZER else f"{moment.phase.value}, micro-batch {moment.micro_batch}"
-    return [{"filename": f"roofplan/{category.value}", "line": 0, "name": f"{where} [{when}]"}]
+    return f"{where} [{when}]"
 
 
-def _apply(heap: _Heap, moment: Moment) -> None:
+def _apply(heap: SnapshotHeap, moment: Moment) -> None:
     """One moment's changes (frees first, see the module docstring), then its momentary bytes."""
     changes = list(moment.changes)
     for j, (category, n) in enumerate(changes):  # allocated and freed between two observations: never seen
@@ -126,55 +79,56 @@ def _apply(heap: _Heap, moment: Moment) -> None:
             k = next((k for k in range(j) if changes[k] == (category, -n)), None)
             if k is not None:
                 changes[k] = changes[j] = (category, 0)
-    late = [(c, heap.free_bytes(c, -n)) for c, n in changes if n < 0]
+    late = [(c, _free_bytes(heap, c, -n)) for c, n in changes if n < 0]
+    where = _where(moment)
     for category, n in changes:
         if n > 0:
-            heap.alloc(n, category, _frames(moment, category))
+            heap.alloc(n, category, moment.op, where)
     for category, n in late:
-        if n and heap.free_bytes(category, n):
+        if n and _free_bytes(heap, category, n):
             raise ValueError(f"memory snapshot: {moment.op} frees more {category.value} than is allocated")
-    momentary = [heap.alloc(n, c, _frames(moment, c)) for c, n in ((Category.TEMPORARIES, moment.temporaries_bytes),
-                                                                    (Category.LOGITS, moment.logits_bytes)) if n > 0]
+    momentary = [heap.alloc(n, c, moment.op, where) for c, n in ((Category.TEMPORARIES, moment.temporaries_bytes),
+                                                                 (Category.LOGITS, moment.logits_bytes)) if n > 0]
     for block in momentary:
         heap.release(block)
 
 
-def snapshot_of(moments: tuple[Moment, ...]) -> dict[str, Any]:
-    """The snapshot dict of a walk's moments (``roofplan.allocations.walk_moments``)."""
-    heap = _Heap()
+def heap_of(moments: tuple[Moment, ...]) -> SnapshotHeap:
+    """A walk's moments (``roofplan.allocations.walk_moments``) as allocations and frees."""
+    heap = SnapshotHeap()
     for moment in moments:
         _apply(heap, moment)
-    total = -(-(heap.top - BASE_ADDRESS) // _SEGMENT_ALIGN) * _SEGMENT_ALIGN or _SEGMENT_ALIGN
-    blocks: list[dict[str, Any]] = []
-    at = BASE_ADDRESS
-    for block in sorted(heap.live, key=lambda b: b.addr):
-        if block.addr > at:
-            blocks.append({"size": block.addr - at, "requested_size": 0, "state": "inactive", "frames": []})
-        blocks.append({"size": block.size, "requested_size": block.size, "state": "active_allocated",
-                       "frames": block.frames})
-        at = block.addr + block.size
-    if at < BASE_ADDRESS + total:
-        blocks.append({"size": BASE_ADDRESS + total - at, "requested_size": 0, "state": "inactive", "frames": []})
-    live = sum(b.size for b in heap.live)
-    segment = {"device": 0, "address": BASE_ADDRESS, "total_size": total, "allocated_size": live,
-               "active_size": live, "requested_size": live, "stream": 0, "segment_type": "large",
-               "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": blocks}
-    return {"segments": [segment], "device_traces": [heap.trace]}
+    return heap
+
+
+def snapshot_of(moments: tuple[Moment, ...]) -> dict[str, Any]:
+    """The snapshot dict of a walk's moments."""
+    return snapshot_dict(heap_of(moments), SOURCE)
+
+
+def predicted_heap(result: PlanResult) -> SnapshotHeap:
+    """The chosen plan's step (its busiest rank) as allocations and frees."""
+    program = step_program(result.model.config, result.training, result.hardware, result.best.knobs)
+    busiest = max(program.ranks, key=lambda r: program.walk(rank=r).peak.bytes) if len(program.ranks) > 1 else None
+    moments, _ = walk_moments(program, busiest)
+    return heap_of(moments)
 
 
 def memory_snapshot(result: PlanResult) -> dict[str, Any]:
     """The chosen plan's step (its busiest rank) as a snapshot dict."""
-    program = step_program(result.model.config, result.training, result.hardware, result.best.knobs)
-    busiest = max(program.ranks, key=lambda r: program.walk(rank=r).peak.bytes) if len(program.ranks) > 1 else None
-    moments, _ = walk_moments(program, busiest)
-    return snapshot_of(moments)
+    return snapshot_dict(predicted_heap(result), SOURCE)
 
 
-def write_memory_snapshot(result: PlanResult, path: str | Path) -> Path:
+def write_snapshot_dict(snapshot: dict[str, Any], path: str | Path, flag: str = "--memory-snapshot") -> Path:
+    """Pickle a snapshot dict as ``torch.cuda.memory._dump_snapshot`` does; an unwritable path is one line."""
     target = Path(path)
     try:
         with target.open("wb") as f:
-            pickle.dump(memory_snapshot(result), f)
+            pickle.dump(snapshot, f)
     except OSError as error:
-        raise ConfigError(f"--memory-snapshot: cannot write {target}: {error.strerror or error}") from None
+        raise ConfigError(f"{flag}: cannot write {target}: {error.strerror or error}") from None
     return target
+
+
+def write_memory_snapshot(result: PlanResult, path: str | Path, flag: str = "--memory-snapshot") -> Path:
+    return write_snapshot_dict(memory_snapshot(result), path, flag)

@@ -26,6 +26,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--implementation", choices=("reference", "hf"), default=None,
                    help="whose model runs the plan: reference (roofplan's) or hf (transformers' own, priced "
                         "for it); default the plan's")
+    p.add_argument("--memory-snapshot", default=None, metavar="PATH",
+                   help="write the measured step's allocations as a PyTorch memory snapshot (memory_viz), and "
+                        "the predicted one beside it (NAME.predicted.pickle); one-GPU plans of the reference model")
+    p.add_argument("--trace", default=None, metavar="PATH",
+                   help="write the measured step as a Chrome/Perfetto trace (torch.profiler's in run mode; module "
+                        "spans on a clock of aten ops under simulate), and the predicted one beside it")
+    p.add_argument("--compare", action="store_true",
+                   help="list where the predicted and measured peaks differ most, by module and category")
+    p.add_argument("--compare-rows", type=int, default=10, metavar="N", help="rows --compare shows (default 10)")
+    p.add_argument("--compare-depth", type=int, default=2, metavar="N",
+                   help="module name parts --compare groups by (default 2: blocks.3; 3: blocks.3.mlp)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -42,6 +53,15 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--device: simulate runs on the CPU under fake tensors; drop --device or use --mode run")
     if args.hardware is not None:
         load_hardware(args.hardware)
+    from roofplan.exports import check_export_paths
+
+    check_export_paths(args)  # --memory-snapshot, --trace: before anything runs
+    for flag, value in (("--compare-rows", args.compare_rows), ("--compare-depth", args.compare_depth)):
+        if value <= 0:
+            raise ConfigError(f"{flag}: must be positive, got {value}")
+    if args.compare and args.mode == "run" and args.device != "cpu":
+        raise ConfigError("--compare: on a GPU the snapshot is the caching allocator's, without modules or "
+                          "categories; compare with --mode simulate (or --mode run --device cpu)")
 
 
 def _import_api():  # noqa: ANN202
@@ -66,20 +86,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_arguments(args)
         plan = PlanResult.load(args.plan)
         api = _import_api()
+        recorder = None
+        if args.memory_snapshot or args.trace or args.compare:
+            from validate.memory_record import MemoryRecorder
+
+            recorder = MemoryRecorder()
         with StageProgress(sys.stderr.isatty(), "validate") as progress:
             report = api.validate(plan, mode=args.mode, device=args.device, steps=args.steps, hardware=args.hardware,
-                                  progress=progress, implementation=args.implementation)
+                                  progress=progress, implementation=args.implementation, recorder=recorder)
+        written, comparison = [], None
+        if recorder is not None:
+            from roofplan.validate_exports import memory_comparison, write_recorded
+
+            written = write_recorded(plan, recorder, args.memory_snapshot, args.trace)
+            comparison = memory_comparison(plan, recorder, args.compare_depth) if args.compare else None
     except PlannerError as error:
         if error.exit_code == 0:  # a non-zero torchrun rank: rank 0 prints the report
             return 0
         print(f"validate: error: {error}", file=sys.stderr)
         return error.exit_code
     if args.json:
-        print(json.dumps(report.model_dump(mode="json"), indent=2))
+        data = report.model_dump(mode="json")
+        if comparison is not None:
+            data["memory_comparison"] = comparison.model_dump(mode="json")
+        if written:
+            data["written"] = written
+        print(json.dumps(data, indent=2))
     else:
-        from roofplan.validate_render import print_report
+        from roofplan.validate_render import print_comparison, print_report
 
         print_report(report, output_console())
+        if comparison is not None:
+            print_comparison(comparison, args.compare_rows, output_console())
+        for line in written:
+            print(f"written: {line}")
     return 0 if report.passed else 1
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from hardware.units import format_bytes
+from roofplan.memory_compare import MemoryComparison
 from roofplan.results import html_of
 from validate.report import ValidationReport
 
@@ -71,6 +73,35 @@ def _pipeline_table(report: ValidationReport) -> Table:
                       f"{rank.error:+.2%}" if rank.error is not None else "not measured", rank.predicted_at,
                       rank.measured_at or "-")
     return table
+
+
+def _signed_bytes(n_bytes: int) -> str:
+    return ("+" if n_bytes > 0 else "-" if n_bytes < 0 else "") + format_bytes(abs(n_bytes))
+
+
+def comparison_table(comparison: MemoryComparison, rows: int = 10) -> Table:
+    """The ``rows`` largest differences at the peak by module and category, and what the rest add up to."""
+    shown, rest = comparison.rows[:rows], comparison.rows[rows:]
+    table = Table(title=f"Where the peaks differ (measured - predicted {_signed_bytes(comparison.difference_bytes)}): "
+                        "live bytes at each side's peak, by module and category", title_justify="left",
+                  caption=escape(f"predicted peak {format_bytes(comparison.predicted_peak_bytes)} at "
+                                 f"{comparison.predicted_at}; measured peak "
+                                 f"{format_bytes(comparison.measured_peak_bytes)} at {comparison.measured_at}"),
+                  caption_justify="left")
+    for column in ("module", "category", "predicted", "measured", "difference"):
+        table.add_column(column, justify="left" if column in ("module", "category") else "right")
+    for row in shown:
+        table.add_row(escape(row.module) or "(model)", row.category.value, format_bytes(row.predicted_bytes),
+                      format_bytes(row.measured_bytes), _signed_bytes(row.difference_bytes))
+    if rest:
+        table.add_row(f"{len(rest)} more rows", "", format_bytes(sum(r.predicted_bytes for r in rest)),
+                      format_bytes(sum(r.measured_bytes for r in rest)),
+                      _signed_bytes(sum(r.difference_bytes for r in rest)), style="dim")
+    return table
+
+
+def print_comparison(comparison: MemoryComparison, rows: int = 10, console: Console | None = None) -> None:
+    (console or Console()).print(comparison_table(comparison, rows))
 
 
 def print_report(report: ValidationReport, console: Console | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,11 @@ from planner.program.results import PlanResult
 from validate.report import ValidationReport
 from validate.run import run, simulate
 from validate.simulate import Progress
+
+if TYPE_CHECKING:
+    from validate.memory_record import MemoryRecorder
+
+RECORDED = "--memory-snapshot, --trace and --compare"
 
 
 class RequestedMode(StrEnum):
@@ -32,11 +38,14 @@ def validate(
     hardware: str | Path | None = None,
     progress: Progress | None = None,
     implementation: str | None = None,
+    recorder: MemoryRecorder | None = None,
 ) -> ValidationReport:
     """Measure ``plan`` (a PlanResult or a plan file): ``simulate`` (fake tensors), ``run`` on a
     device, or ``auto`` (run on CUDA when available, else simulate). ``progress`` is called with
     a short description of each stage as it starts. ``implementation`` (default: the plan's)
-    picks whose model runs: the reference model, or transformers' (``hf``, validate.hf_model)."""
+    picks whose model runs: the reference model, or transformers' (``hf``, validate.hf_model).
+    ``recorder`` (``validate.memory_record.MemoryRecorder``) records the measured step's
+    allocations: one-GPU plans of the reference model (``check_recordable``)."""
     if not isinstance(plan, PlanResult):
         plan = PlanResult.load(plan)  # refuses a file whose fields contradict each other
     else:
@@ -46,6 +55,8 @@ def validate(
     except ValueError:
         raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run") from None
     impl = _implementation(plan, implementation)
+    if recorder is not None:
+        check_recordable(plan, impl)
     if plan.best.knobs.parallel.pp > 1:
         return _validate_pipeline(plan, impl, requested, device, progress)
     if impl is not Implementation.REFERENCE:
@@ -61,9 +72,21 @@ def validate(
     if requested is RequestedMode.SIMULATE:
         if device == "cuda":
             raise ConfigError("--device: simulate runs on the CPU under fake tensors; drop --device or use --mode run")
-        return simulate(plan, progress)
+        return simulate(plan, progress, recorder)
     profile = load_hardware(hardware) if hardware is not None else None
-    return run(plan, device=device or "cuda", steps=steps, profile=profile, progress=progress)
+    return run(plan, device=device or "cuda", steps=steps, profile=profile, progress=progress, recorder=recorder)
+
+
+def check_recordable(plan: PlanResult, impl: Implementation) -> None:
+    """What the recorded files cover: one GPU, the reference model, priced for it (else one line)."""
+    gpus = plan.best.knobs.parallel.world_size
+    if gpus > 1:
+        raise ConfigError(f"{RECORDED}: recorded for one-GPU plans; this plan uses {gpus} GPUs (validate it "
+                          "without them, or plan --memory-snapshot/--trace for its prediction)")
+    if impl is not Implementation.REFERENCE or plan.model.config.implementation is not Implementation.REFERENCE:
+        raise ConfigError(f"{RECORDED}: recorded for the reference model priced for it; this plan is priced for "
+                          f"{plan.model.config.implementation.value} and runs {impl.value} (plan with "
+                          "--implementation reference)")
 
 
 def _validate_pipeline(plan: PlanResult, impl: Implementation, mode: RequestedMode, device: str | None,

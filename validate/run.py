@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +38,9 @@ from validate.simulate import (
     simulated_dropout_note,
 )
 from validate.tracker import LiveStorageTracker
+
+if TYPE_CHECKING:
+    from validate.memory_record import MemoryRecorder
 
 WARMUP_STEPS = 2  # the first step creates the optimizer state; the second is the steady state
 
@@ -81,10 +85,12 @@ def build_report(plan: PlanResult, mode: Mode, device: str, steps: int, predicte
     )
 
 
-def simulate(plan: PlanResult, progress: Progress | None = None) -> ValidationReport:
-    """Fake tensors: the plan's exact bytes and FLOPs in real PyTorch code, any size, no GPU."""
+def simulate(plan: PlanResult, progress: Progress | None = None,
+             recorder: MemoryRecorder | None = None) -> ValidationReport:
+    """Fake tensors: the plan's exact bytes and FLOPs in real PyTorch code, any size, no GPU;
+    ``recorder`` records the measured step's allocations (``validate.memory_record``)."""
     model, training, knobs = plan.model.config, plan.training, plan.best.knobs
-    step = simulate_step(model, training, knobs, progress=progress)
+    step = simulate_step(model, training, knobs, progress=progress, recorder=recorder)
     measured = Figures(peak_allocated_bytes=step.peak_allocated_bytes, model_flops_per_step=step.flops_per_step)
     expected = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None})
     notes: tuple[str, ...] = ("simulate: fake tensors measure bytes and FLOPs exactly but take no time; FLOPs "
@@ -95,9 +101,11 @@ def simulate(plan: PlanResult, progress: Progress | None = None) -> ValidationRe
 
 
 def run(plan: PlanResult, device: str = "cuda", steps: int = 5, calibrate_cpu: bool = True,
-        profile: HardwareProfile | None = None, progress: Progress | None = None) -> ValidationReport:
+        profile: HardwareProfile | None = None, progress: Progress | None = None,
+        recorder: MemoryRecorder | None = None) -> ValidationReport:
     """Real steps on ``device``; the prediction is re-made with a profile measured here when
-    running on the CPU (or with ``profile`` if given)."""
+    running on the CPU (or with ``profile`` if given). ``recorder`` records one more step's
+    allocations and a ``torch.profiler`` trace of it (``_profile_step``)."""
     say = progress or (lambda _text: None)
     if steps <= 0:
         raise ConfigError(f"--steps: must be positive, got {steps}")
@@ -127,7 +135,7 @@ def run(plan: PlanResult, device: str = "cuda", steps: int = 5, calibrate_cpu: b
     label = f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     try:
         say(f"running {WARMUP_STEPS} warm-up and {steps} timed steps of {knobs.grad_accum_steps} micro-batches")
-        measured = _measure(plan, dev, steps)
+        measured = _measure(plan, dev, steps, recorder)
     except torch.OutOfMemoryError:
         allocated = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
         if dev.type == "cuda":
@@ -149,7 +157,7 @@ def _check_host_memory(est: Estimate) -> None:
         )
 
 
-def _measure(plan: PlanResult, dev: torch.device, steps: int) -> Figures:
+def _measure(plan: PlanResult, dev: torch.device, steps: int, recorder: MemoryRecorder | None = None) -> Figures:
     model, training, knobs = plan.model.config, plan.training, plan.best.knobs
     spec = precision_spec(knobs.precision)
     torch.manual_seed(0)
@@ -164,8 +172,13 @@ def _measure(plan: PlanResult, dev: torch.device, steps: int) -> Figures:
     def step() -> None:
         train_step(net, optimizer, ids, targets, knobs, spec, scaler)
 
+    if recorder is not None:
+        recorder.attach(net, optimizer, [ids, targets])
     times, peak, reserved = measure_steps(
-        step, dev, steps, lambda: [*net.parameters(), *net.buffers(), ids, targets, *optimizer_state(optimizer)])
+        step, dev, steps, lambda: [*net.parameters(), *net.buffers(), ids, targets, *optimizer_state(optimizer)],
+        recorder)
+    if recorder is not None:
+        recorder.profiler_trace = _profile_step(step, dev)
     counter = flop_counter()
     with counter:
         step()
@@ -180,25 +193,69 @@ def _measure(plan: PlanResult, dev: torch.device, steps: int) -> Figures:
 
 
 def measure_steps(step: Callable[[], None], dev: torch.device, steps: int,
-                  resident: Callable[[], list[torch.Tensor]]) -> tuple[list[float], int, int | None]:
+                  resident: Callable[[], list[torch.Tensor]],
+                  recorder: MemoryRecorder | None = None) -> tuple[list[float], int, int | None]:
     """Warm up, time ``steps`` steps and measure one step's peak: CUDA events and the caching
     allocator's peaks on a GPU; wall clock and the live-storage tracker on a CPU, which is told
-    ``resident()`` (the tensors alive between steps, read after the warm-up).
-    Returns (step times, peak allocated bytes, peak reserved bytes or None)."""
+    ``resident()`` (the tensors alive between steps, read after the warm-up). ``recorder``
+    (attached to the step) records the tracked step on a CPU; on a GPU one more step runs under
+    ``torch.cuda.memory._record_memory_history`` and ``recorder.device_snapshot`` is its
+    ``_snapshot()``. Returns (step times, peak allocated bytes, peak reserved bytes or None)."""
     for _ in range(WARMUP_STEPS):
         step()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         times = _cuda_times(step, steps)
-        return times, torch.cuda.max_memory_allocated(dev), torch.cuda.max_memory_reserved(dev)
+        peak, reserved = torch.cuda.max_memory_allocated(dev), torch.cuda.max_memory_reserved(dev)
+        if recorder is not None:
+            recorder.device_snapshot = _cuda_snapshot(step, dev)
+        return times, peak, reserved
     times = _cpu_times(step, steps)
-    tracker = LiveStorageTracker()
+    tracker = recorder.tracker() if recorder is not None else LiveStorageTracker()
     tracker.track(resident())
     with tracker:
         tracker.reset_peak()
+        if recorder is not None:
+            recorder.begin()
         step()
+        if recorder is not None:
+            recorder.end()
     return times, tracker.peak_bytes, None
+
+
+def _cuda_snapshot(step: Callable[[], None], dev: torch.device) -> dict:
+    """One step under ``torch.cuda.memory._record_memory_history`` (torch 2.13,
+    torch/cuda/memory.py): the caching allocator's own snapshot of it, Python stacks in the frames.
+    Recording is switched off again whatever happens (untested here: written without a GPU)."""
+    torch.cuda.synchronize(dev)
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, device=dev)
+    try:
+        step()
+        torch.cuda.synchronize(dev)
+        return torch.cuda.memory._snapshot(dev)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None, device=dev)
+
+
+def _profile_step(step: Callable[[], None], dev: torch.device) -> dict:
+    """One more step under ``torch.profiler`` (CPU, and CUDA kernels on a GPU), as the dict its
+    ``export_chrome_trace`` writes: measured times, from this process's clock."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())
 
 
 def _cpu_times(step: Callable[[], None], steps: int) -> list[float]:

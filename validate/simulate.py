@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -29,6 +30,9 @@ from validate.apply import configure_model, make_optimizer, make_scaler, param_d
 from validate.flops import flop_counter
 from validate.reference_model import AttentionCore, build_model
 from validate.tracker import LiveStorageTracker
+
+if TYPE_CHECKING:
+    from validate.memory_record import MemoryRecorder
 
 GPU_ATTENTION_DROPOUT_NOTE = (
     "attention dropout is left out of the simulated fused attention: the CPU's fused kernel has no "
@@ -107,11 +111,13 @@ class SimulatedStep:
 
 
 def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmup_steps: int = 1,
-                  progress: Progress | None = None, peak: bool = True, flops: bool = True) -> SimulatedStep:
+                  progress: Progress | None = None, peak: bool = True, flops: bool = True,
+                  recorder: MemoryRecorder | None = None) -> SimulatedStep:
     """Measure one steady-state optimizer step of the planned configuration under fake tensors
     (with at most three of its micro-batches, see the module docstring): its peak (a warm-up step
     creates the optimizer state, the next is tracked) and its FLOPs (steps of their own under
-    FlopCounterMode). ``peak=False`` or ``flops=False`` skips the steps only the other needs."""
+    FlopCounterMode). ``peak=False`` or ``flops=False`` skips the steps only the other needs.
+    ``recorder`` records the measured step's allocations (``validate.memory_record``)."""
     say = progress or (lambda _text: None)
     spec = precision_spec(knobs.precision)
     short = steady_state_knobs(knobs)
@@ -124,7 +130,7 @@ def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmu
         scaler = make_scaler(spec, "cpu")
         input_ids = torch.randint(0, model.vocab_size, (rows, training.seq_len))
         targets = torch.randint(0, model.vocab_size, (rows, training.seq_len))
-        tracker = LiveStorageTracker()
+        tracker = recorder.tracker() if recorder is not None and peak else LiveStorageTracker()
         tracker.track([*net.parameters(), *net.buffers(), input_ids, targets])
         params_bytes = tracker.live_bytes
         measured_peak = None
@@ -135,7 +141,12 @@ def simulate_step(model: ModelConfig, training: TrainConfig, knobs: Knobs, warmu
                     train_step(net, optimizer, input_ids, targets, short, spec, scaler)
                 tracker.reset_peak()
                 say(f"measured step ({short.grad_accum_steps} of {knobs.grad_accum_steps} micro-batches)")
+                if recorder is not None:
+                    recorder.attach(net, optimizer, [input_ids, targets])
+                    recorder.begin()
                 train_step(net, optimizer, input_ids, targets, short, spec, scaler)
+                if recorder is not None:
+                    recorder.end()
                 measured_peak = tracker.peak_bytes
 
         # FLOPs in steps of their own: FlopCounterMode's module hooks hold tensors and would
