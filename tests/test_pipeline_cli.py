@@ -69,7 +69,7 @@ def test_gpipe_holds_more_than_1f1b_on_the_first_stage() -> None:
 @pytest.mark.parametrize(("extra", "message"), [
     (("--gpus", "4", "--pp", "3"), "--pp: 3 must be a positive divisor"),
     (("--gpus", "4", "--pp", "2", "--pp-schedule", "dualpipev", "--pp-virtual", "2"), "4 stages for 2 blocks"),
-    (("--gpus", "4", "--pp", "2", "--pp-schedule", "1f1b", "--pp-virtual", "2"), "runs one stage per rank, got 2"),
+    (("--gpus", "4", "--pp", "2", "--pp-schedule", "1f1b", "--pp-virtual", "2"), "--pp-virtual 2: --pp-schedule 1f1b runs one stage per rank"),
     (("--gpus", "4", "--pp", "2", "--pp-schedule", "zigzag"), "--pp-schedule: 'zigzag' is not a schedule"),
     (("--gpus", "4", "--pp", "2", "--pp-layers", "1,2"), "pp_layers: 1,2 must give 2 stages"),
     (("--gpus", "4", "--pp", "2", "--pp-layers", "a,b"), "--pp-layers: 'a,b' must be block counts"),

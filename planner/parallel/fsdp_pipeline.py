@@ -60,10 +60,10 @@ def check_pipelined(knobs: Knobs, stage: int) -> None:
     schedule = knobs.pp_schedule
     if schedule not in MEASURED_SCHEDULES:
         names = ", ".join(s.value for s in MEASURED_SCHEDULES)
-        raise ConfigError(f"knobs.pp_schedule: {schedule.value} splits each backward, which was not measured under "
+        raise ConfigError(f"--pp-schedule {schedule.value}: splits each backward, which was not measured under "
                           f"FSDP2 (ZeRO-{stage}); use --pp-schedule {names}, or --zero-stage 0/1 with {schedule.value}")
     if knobs.pp_virtual > MAX_ACTIVE_STAGES:
-        raise ConfigError(f"knobs.pp_virtual: {knobs.pp_virtual} stages per rank under FSDP2 (ZeRO-{stage}) are "
+        raise ConfigError(f"--pp-virtual {knobs.pp_virtual}: stages per rank under FSDP2 (ZeRO-{stage}) are "
                           f"resharded and gathered again within the step (torch keeps at most {MAX_ACTIVE_STAGES} "
                           f"gathered), which is not modelled; use --pp-virtual {MAX_ACTIVE_STAGES} or fewer")
 

@@ -97,30 +97,30 @@ def check_pipeline(schedule: PipelineSchedule, pp: int, n_micro_batches: int, vi
     ``ScheduleDualPipeV``: at least ``2 pp``, its stage count; the interleaved schedules: a multiple
     of their ``max(1, m // pp)`` rounds), and more stages than blocks to cut."""
     m, v = n_micro_batches, virtual
-    name = f"pp_schedule {schedule.value}"
+    name = f"--pp-schedule {schedule.value}"
     if pp < 2:
-        raise ConfigError(f"pp: {pp} rank(s) make no pipeline; use pp >= 2 or leave the pipeline schedule out")
+        raise ConfigError(f"--pp {pp}: {pp} rank(s) make no pipeline; use --pp 2 or more, or leave --pp-schedule out")
     if m < 1:
-        raise ConfigError(f"n_micro_batches: {m}; a step needs at least one micro-batch")
+        raise ConfigError(f"micro-batches per step (--global-batch / (--micro-batch x data-parallel ranks)): {m}; a step needs at least one micro-batch")
     if schedule in SINGLE_STAGE and v != 1:
-        raise ConfigError(f"virtual: {name} runs one stage per rank, got {v}; use virtual 1 or a looped schedule")
+        raise ConfigError(f"--pp-virtual {v}: {name} runs one stage per rank; use --pp-virtual 1 or a looped schedule")
     if schedule in V_SHAPED and v != 2:
-        raise ConfigError(f"virtual: {name} runs exactly 2 stages per rank (a V), got {v}; use virtual 2")
+        raise ConfigError(f"--pp-virtual {v}: {name} runs exactly 2 stages per rank (a V); use --pp-virtual 2")
     if v < 1:
-        raise ConfigError(f"virtual: {v} stages per rank; use at least 1")
+        raise ConfigError(f"--pp-virtual {v}: stages per rank; use at least 1")
     if schedule is PipelineSchedule.ONE_F_ONE_B and m < pp:
-        raise ConfigError(f"n_micro_batches: {name} needs at least pp = {pp} micro-batches, got {m}; "
-                          f"use {pp} or more (or gpipe)")
+        raise ConfigError(f"micro-batches per step (--global-batch / (--micro-batch x data-parallel ranks)): {name} needs at least --pp = {pp} micro-batches, got {m}; "
+                          f"use {pp} or more (or --pp-schedule gpipe)")
     if schedule is PipelineSchedule.DUALPIPEV and m < 2 * pp:
-        raise ConfigError(f"n_micro_batches: {name} needs at least as many micro-batches as its {2 * pp} stages, "
+        raise ConfigError(f"micro-batches per step (--global-batch / (--micro-batch x data-parallel ranks)): {name} needs at least as many micro-batches as its {2 * pp} stages, "
                           f"got {m}; use {2 * pp} or more")
     rounds = max(1, m // pp)
     if schedule in ROUNDS and m % rounds:
         lo = m // pp * pp
-        raise ConfigError(f"n_micro_batches: {name} runs micro-batches in {rounds} rounds, and {m} is not a multiple "
-                          f"of {rounds}; use a multiple of pp = {pp} (e.g. {lo} or {lo + pp})")
+        raise ConfigError(f"micro-batches per step (--global-batch / (--micro-batch x data-parallel ranks)): {name} runs micro-batches in {rounds} rounds, and {m} is not a multiple "
+                          f"of {rounds}; use a multiple of --pp = {pp} (e.g. {lo} or {lo + pp})")
     if n_blocks is not None and pp * v > n_blocks:
-        raise ConfigError(f"pp: {pp} ranks x {v} stages per rank = {pp * v} stages for {n_blocks} blocks; "
+        raise ConfigError(f"--pp {pp} x --pp-virtual {v} = {pp * v} stages for {n_blocks} blocks; "
                           f"use at most {n_blocks} stages in all")
 
 

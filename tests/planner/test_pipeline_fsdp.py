@@ -88,10 +88,10 @@ def test_zero_2_and_zero_3_run_alike_under_a_pipeline() -> None:
 
 
 @pytest.mark.parametrize(("schedule", "virtual", "words"), [
-    ("interleaved-zero-bubble", 2, ("knobs.pp_schedule: interleaved-zero-bubble", "not measured under FSDP2")),
-    ("zbv-zero-bubble", 2, ("knobs.pp_schedule: zbv-zero-bubble", "--pp-schedule gpipe")),
-    ("dualpipev", 2, ("knobs.pp_schedule: dualpipev", "--zero-stage 0/1")),
-    ("interleaved-1f1b", 4, ("knobs.pp_virtual: 4", "use --pp-virtual 3 or fewer")),
+    ("interleaved-zero-bubble", 2, ("--pp-schedule interleaved-zero-bubble: splits", "not measured under FSDP2")),
+    ("zbv-zero-bubble", 2, ("--pp-schedule zbv-zero-bubble: splits", "--pp-schedule gpipe")),
+    ("dualpipev", 2, ("--pp-schedule dualpipev: splits", "--zero-stage 0/1")),
+    ("interleaved-1f1b", 4, ("--pp-virtual 4: stages per rank", "use --pp-virtual 3 or fewer")),
 ])
 def test_what_fsdp2_under_a_pipeline_still_refuses(schedule: str, virtual: int, words: tuple[str, ...]) -> None:
     with pytest.raises(ConfigError) as error:

@@ -180,17 +180,17 @@ def test_action_spelling_is_torchs() -> None:
 
 
 REFUSALS = [
-    (S.ONE_F_ONE_B, 1, 4, 1, None, "pp: 1"),
-    (S.GPIPE, 4, 8, 2, None, "virtual: pp_schedule gpipe runs one stage per rank"),
-    (S.ZBV_ZERO_BUBBLE, 4, 8, 3, None, "virtual: pp_schedule zbv-zero-bubble runs exactly 2 stages"),
-    (S.DUALPIPEV, 4, 8, 1, None, "virtual: pp_schedule dualpipev runs exactly 2 stages"),
-    (S.ONE_F_ONE_B, 4, 3, 1, None, "n_micro_batches: pp_schedule 1f1b needs at least pp = 4"),
-    (S.DUALPIPEV, 4, 7, 2, None, "n_micro_batches: pp_schedule dualpipev needs at least as many micro-batches"),
-    (S.INTERLEAVED_1F1B, 4, 9, 2, None, r"n_micro_batches: .* 2 rounds, and 9 is not a multiple of 2; use a multiple"),
-    (S.INTERLEAVED_ZERO_BUBBLE, 3, 7, 2, None, r"n_micro_batches: .* \(e\.g\. 6 or 9\)"),
-    (S.INTERLEAVED_1F1B, 4, 8, 2, 7, "pp: 4 ranks x 2 stages per rank = 8 stages for 7 blocks"),
-    (S.LOOPED_BFS, 2, 4, 0, None, "virtual: 0 stages per rank"),
-    (S.GPIPE, 2, 0, 1, None, "n_micro_batches: 0"),
+    (S.ONE_F_ONE_B, 1, 4, 1, None, "--pp 1: 1 rank"),
+    (S.GPIPE, 4, 8, 2, None, "--pp-virtual 2: --pp-schedule gpipe runs one stage per rank"),
+    (S.ZBV_ZERO_BUBBLE, 4, 8, 3, None, "--pp-virtual 3: --pp-schedule zbv-zero-bubble runs exactly 2 stages"),
+    (S.DUALPIPEV, 4, 8, 1, None, "--pp-virtual 1: --pp-schedule dualpipev runs exactly 2 stages"),
+    (S.ONE_F_ONE_B, 4, 3, 1, None, "micro-batches per step .*: --pp-schedule 1f1b needs at least --pp = 4"),
+    (S.DUALPIPEV, 4, 7, 2, None, "micro-batches per step .*: --pp-schedule dualpipev needs at least as many micro-batches"),
+    (S.INTERLEAVED_1F1B, 4, 9, 2, None, r"micro-batches per step .* 2 rounds, and 9 is not a multiple of 2; use a multiple"),
+    (S.INTERLEAVED_ZERO_BUBBLE, 3, 7, 2, None, r"micro-batches per step .* \(e\.g\. 6 or 9\)"),
+    (S.INTERLEAVED_1F1B, 4, 8, 2, 7, "--pp 4 x --pp-virtual 2 = 8 stages for 7 blocks"),
+    (S.LOOPED_BFS, 2, 4, 0, None, "--pp-virtual 0: stages per rank"),
+    (S.GPIPE, 2, 0, 1, None, "micro-batches per step .*: 0;"),
 ]
 
 
