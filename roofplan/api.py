@@ -23,7 +23,7 @@ from hardware.registry import load_hardware
 from hardware.stack import parse_stack
 from hardware.validation import describe_validation_error
 from planner.errors import ConfigError, ConfigWarning, InfeasibleError
-from planner.graph.params import count_params
+from planner.graph.params import count_params, count_trainable_params
 from planner.model.config import ModelConfig, OptimizerImpl, OptimizerKind, TrainConfig
 from planner.model.sources import Workload, resolve
 from planner.parallel.collectives import ParallelConfig
@@ -44,7 +44,14 @@ from planner.program.results import ModelSummary, ParetoPoint, PlanEntry, PlanRe
 from roofplan.infeasible import infeasible_error
 from roofplan.memory_cap import hbm_cap, headroom_bytes
 from roofplan.pipeline_flags import PipelineRequest, pipeline_request
-from roofplan.plan_flags import checkpoint_blocks_flag, checkpoint_policy_flag, grad_sync_flag, precisions_flag
+from roofplan.plan_flags import (
+    check_finetune_gpus,
+    checkpoint_blocks_flag,
+    checkpoint_policy_flag,
+    finetune_flags,
+    grad_sync_flag,
+    precisions_flag,
+)
 from roofplan.results import Plan
 
 if TYPE_CHECKING:  # search imports optuna: only when a search runs
@@ -62,14 +69,21 @@ def load_model(
     optimizer_impl: str | None = None,
     implementation: str | None = None,
     stack: str | None = None,
+    finetune: str | None = None,
+    lora_rank: int | None = None,
+    lora_targets: str | Sequence[str] | None = None,
+    lora_alpha: float | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
     """Model and training workload from a preset name, a YAML/JSON path, a dict or a config;
     ``implementation`` (reference, hf, torchtitan) and ``stack`` (the software stack: pytorch,
-    torchtitan, torchtitan-compile, llm-foundry, megatron) override the model file's."""
+    torchtitan, torchtitan-compile, llm-foundry, megatron) override the model file's; ``finetune``
+    (lora), ``lora_rank``, ``lora_targets`` and ``lora_alpha`` override its ``finetune:`` section
+    (``roofplan.plan_flags.finetune_flags``)."""
     model, training = resolve(
         source, seq_len=seq_len, global_batch_size=global_batch_size, attention=attention, dropout=dropout,
         implementation=implementation,
     )
+    model = finetune_flags(model, finetune, lora_rank, lora_targets, lora_alpha)
     updates: dict[str, Any] = {k: v for k, v in (("optimizer", optimizer), ("optimizer_impl", optimizer_impl))
                                if v is not None}
     if stack is not None:
@@ -83,7 +97,9 @@ def load_model(
 
 
 def summarize_model(model: ModelConfig) -> ModelSummary:
-    return ModelSummary(name=model.name, family=model.family.value, n_params=count_params(model), config=model)
+    trained = count_trainable_params(model) if model.finetune is not None else None
+    return ModelSummary(name=model.name, family=model.family.value, n_params=count_params(model), config=model,
+                        n_trainable_params=trained)
 
 
 def estimate_plan(
@@ -188,6 +204,7 @@ def plan(
     if stack is not None:
         training = training.model_copy(update={"stack": parse_stack(stack, "--stack")})
     hw = system(hardware, gpus_per_node)
+    check_finetune_gpus(model, gpus)
     ckpt_policy = checkpoint_policy_flag(checkpoint_policy)
     if save_list is not None and ckpt_policy not in (None, CheckpointPolicy.OPS):
         raise ConfigError(f"--save-list: applies to --checkpoint-policy ops (per-op selective checkpointing), not "

@@ -68,6 +68,12 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--implementation", choices=("reference", "hf", "torchtitan"), default=None,
                    help="whose code runs the model (overrides the model file): reference (roofplan's reference "
                         "model), hf (transformers), torchtitan; each saves different tensors")
+    p.add_argument("--finetune", default=None, metavar="{lora,qlora}",
+                   help="train LoRA adapters on the frozen model (overrides the file's finetune: section); qlora is refused")
+    p.add_argument("--lora-rank", type=int, default=None, help="LoRA rank r (default 8)")
+    p.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 8): updates scaled by alpha / r")
+    p.add_argument("--lora-targets", default=None,
+                   help="linears that get adapters, e.g. q_proj,v_proj (default) or all-linear")
     p.add_argument("--optimizer", choices=("adamw", "sgd-momentum", "sgd"), default=None)
     p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default=None)
     p.add_argument("--stack", default=None,
@@ -169,6 +175,10 @@ def _run(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         optimizer_impl=args.optimizer_impl,
         stack=args.stack,
+        finetune=args.finetune,
+        lora_rank=args.lora_rank,
+        lora_targets=args.lora_targets,
+        lora_alpha=args.lora_alpha,
     )
     _check_outputs(args.out, args.plot)
     check_export_paths(args)

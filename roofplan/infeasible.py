@@ -27,6 +27,7 @@ from planner.precision import PrecisionPolicy
 from planner.program.estimate import estimate
 from planner.program.results import PlanResult
 from roofplan.advice import FusedFit, infeasible_message, reserve_exceeds_cap
+from roofplan.finetune_advice import finetune_advice
 
 if TYPE_CHECKING:  # search imports optuna: only when a search runs
     from search.space import SearchSpace
@@ -49,11 +50,14 @@ def infeasible_error(model: ModelConfig, training: TrainConfig, hw: HardwareProf
         stage("nothing fits: pricing the fused optimizer")
         fused = fused_fit(model, training, hw, cap, space, closest, on_progress)
     advice = None
-    if fused is None or not fused.fits:  # the fused optimizer fits it: no more GPUs needed
+    if model.finetune is not None:
+        advice = "not priced for a fine-tuning plan (adapters are planned on one GPU)"
+    elif fused is None or not fused.fits:  # the fused optimizer fits it: no more GPUs needed
         stage("nothing fits: finding the fewest GPUs that would hold it")
         advice = scale_out(model, training, hw, cap, on_progress=on_progress, **scale)  # type: ignore[arg-type]
-    return InfeasibleError(infeasible_message(hw.name, cap, closest.best, advice, headroom, fused=fused),
-                           closest=closest)
+    message = infeasible_message(hw.name, cap, closest.best, advice, headroom, fused=fused)
+    tuned = finetune_advice(model, training, hw, cap, closest.best.knobs)  # roofplan.finetune_advice
+    return InfeasibleError(message + (f"\n  {tuned}" if tuned else ""), closest=closest)
 
 
 def fused_helps(training: TrainConfig) -> bool:

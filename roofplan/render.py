@@ -19,7 +19,7 @@ from planner.plan.knobs import Knobs
 from planner.plan.optimizer import optimizer_spec
 from planner.plan.parallel_dims import layout_label
 from planner.precision import precision_spec
-from roofplan.render_state import rank_gradient_count
+from roofplan.render_state import rank_gradient_count, trained_label
 from roofplan.time_sources import checked_against, time_sources
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def _title(result: PlanResult) -> Text:
     where = result.hardware.name if gpus == 1 else f"{gpus} × {result.hardware.name}"
     return Text.assemble(
         (f"{result.model.name}", "bold"),
-        f" ({format_count(result.model.n_params)} params) on ",
+        f" ({format_count(result.model.n_params)} params{trained_label(result)}) on ",
         (where, "bold"),
         f" · seq {t.seq_len} × global batch {t.global_batch_size} = {format_count(t.tokens_per_step)} tokens/step",
     )
@@ -206,6 +206,10 @@ def _state_rows(result: PlanResult) -> list[_Row]:
     grad_per = per if sharded or result.best.estimate.stages else rank_gradient_count(m, dims, per)
     grads = strategy.gradients(k) if ranks > 1 else spec.grad_dtype.value
     state_per = f"{n} / {ranks}" if strategy.shards_state else n
+    trained = result.model.n_trainable_params
+    if trained is not None:  # a fine-tuning plan (one GPU): the frozen base has no gradient nor state
+        per = f"{n} ({format_count(result.model.n_params - trained)} frozen + {format_count(trained)} adapters)"
+        grad_per = state_per = f"{format_count(trained)} adapters"
     return [
         ("parameters", f"{per} × {spec.param_bytes} B ({spec.param_dtype.value}"
          + (" shards; gathered copies are in the peak)" if sharded else ")"), format_bytes(mem.params_bytes)),

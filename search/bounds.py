@@ -17,11 +17,15 @@ accumulation, the same at every micro-batch of a layout). So:
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+
 from hardware.profile import HardwareProfile
 from planner.cache import IdentityCache
 from planner.graph.description import ModelDesc
 from planner.memory.step import StaticMemory
 from planner.model.config import ModelConfig, TrainConfig
+from planner.ops.base import ParamTensor
 from planner.parallel.collectives import zero1_partition
 from planner.parallel.expert import shard_experts
 from planner.parallel.strategies import strategy_for
@@ -31,7 +35,25 @@ from planner.plan.optimizer import optimizer_spec
 from planner.precision import precision_spec
 from planner.program.estimate import check_knobs, rank_graph, static_for
 
-_DESCRIPTIONS: IdentityCache[ModelDesc] = IdentityCache()
+
+@dataclass(frozen=True)
+class _RankParams:
+    """A rank's parameter tensors (registration order: ZeRO-1's partition reads it) and the same
+    tensors grouped by what the floor reads of each, with their counts: the floor's sums run over
+    the few distinct tensor shapes, not over every block's tensors again at every layout."""
+
+    tensors: tuple[ParamTensor, ...]
+    groups: tuple[tuple[int, int, bool, int, int], ...]  # (numel, grad elements, expert-parallel, count, state elements)
+
+
+def _rank_params(desc: ModelDesc) -> _RankParams:
+    tensors = tuple(desc.params.values())
+    counts = Counter((p.numel, p.grad_elements, p.expert_parallel, p.state_elements) for p in tensors)
+    return _RankParams(tensors, tuple((numel, grads, expert, count, state)
+                                      for (numel, grads, expert, state), count in counts.items()))
+
+
+_DESCRIPTIONS: IdentityCache[_RankParams] = IdentityCache()
 _STEP_FLOORS: IdentityCache[int] = IdentityCache(maxsize=4096)
 _STATIC_FLOORS: IdentityCache[int] = IdentityCache(maxsize=4096)
 
@@ -59,23 +81,26 @@ def _whole_step_floor(model: ModelConfig, training: TrainConfig, hw: HardwarePro
     spec = precision_spec(knobs.precision)
     opt = optimizer_spec(training.optimizer, training.optimizer_impl)
     dims = knobs.parallel
-    tensors = _DESCRIPTIONS.get((model,), (dims.tp, dims.sp, dims.ep), lambda: shard_experts(
-        rank_description(model, dims.tp, dims.sp, 1), dims.ep, 1)).params.values()
+    rank = _DESCRIPTIONS.get((model,), (dims.tp, dims.sp, dims.ep), lambda: _rank_params(shard_experts(
+        rank_description(model, dims.tp, dims.sp, 1), dims.ep, 1)))
     strategy = strategy_for(dims)
     per_param = opt.state_tensors_per_param + opt.step_temporaries_per_param  # both mirror the rank's shard
     data = 2 * hw.round_alloc(knobs.micro_batch_size * knobs.grad_accum_steps * training.seq_len * 8)
     width = spec.param_dtype.n_bytes
     if strategy.shards_params:  # FSDP2: padded shards of each tensor, its gradient's too
-        shards = sum(p.numel * width // (dims.expert_shard_ranks if p.expert_parallel else dims.fsdp_ranks)
-                     for p in tensors)
+        ranks, expert_ranks = dims.fsdp_ranks, dims.expert_shard_ranks
+        shards = sum(count * (numel * width // (expert_ranks if expert else ranks))
+                     for numel, _, expert, count, _ in rank.groups)
         return shards * (2 + per_param) + data
-    params = sum(hw.round_alloc(p.numel * width) for p in tensors)
-    grads = sum(hw.round_alloc(p.grad_elements * spec.grad_dtype.n_bytes) for p in tensors)
+    params = sum(count * hw.round_alloc(numel * width) for numel, _, _, count, _ in rank.groups)
+    grads = sum(count * hw.round_alloc(grad * spec.grad_dtype.n_bytes) for _, grad, _, count, _ in rank.groups)
+    # a fine-tuning plan's frozen base has no state (ParamTensor.state_elements 0)
+    state = sum(count * hw.round_alloc(elements * width) for _, _, _, count, elements in rank.groups)
     if strategy.shards_state:  # ZeRO-1: state and temporaries of the largest partition
         one = max(sum(hw.round_alloc(p.numel * width) for p in part)
-                  for part in zero1_partition(list(tensors), knobs.data_parallel))
+                  for part in zero1_partition(list(rank.tensors), knobs.data_parallel))
         return params + grads + one * per_param + data
-    return params * (1 + per_param) + grads + data
+    return params + state * per_param + grads + data
 
 
 def static_floor_bytes(static: StaticMemory) -> int:

@@ -50,6 +50,9 @@ def validate(
         plan = PlanResult.load(plan)  # refuses a file whose fields contradict each other
     else:
         plan.check_consistent()
+    if plan.model.config.finetune is not None:  # peft cannot inject adapters under fake tensors (validate.lora)
+        raise ConfigError("validate: a fine-tuning plan is measured on CPU tensors by validate.lora (measure_reference, "
+                          "measure_hf; tests/validate/test_lora_memory.py), not by validate yet")
     try:
         requested = RequestedMode(mode)
     except ValueError:

@@ -113,6 +113,8 @@ class StageModel(nn.Module):
         seq_len = x.shape[1]
         if self.embed is not None:
             x = self.embed(x)
+            if self.config.scale_embeddings:  # Gemma: times sqrt(D), as Transformer.forward
+                x = x * self.config.d_model ** 0.5
             if self.pos_embed is not None:
                 x = x + self.pos_embed(torch.arange(seq_len, device=x.device))
             if self.embed_dropout is not None:

@@ -32,7 +32,8 @@ from torch import nn
 
 from planner.model.config import AttentionImpl, ModelConfig, NormKind, NormPlacement, PositionKind
 from validate.models.deepseek import MlaAttention
-from validate.models.dense import Attention, Mlp
+from validate.models.dense import Attention, GemmaRMSNorm, Mlp
+from validate.models.llama4 import Llama4Attention
 from validate.models.moe import MoE
 
 
@@ -53,6 +54,8 @@ def make_norm(config: ModelConfig) -> nn.Module:
     eps = float(config.norm_eps or 1e-5)
     if config.norm is NormKind.RMSNORM:
         return RMSNorm(config.d_model, eps)
+    if config.norm is NormKind.GEMMA_RMSNORM:
+        return GemmaRMSNorm(config.d_model, eps)
     return nn.LayerNorm(config.d_model, eps=eps, bias=bool(config.norm_bias))
 
 
@@ -79,9 +82,14 @@ class Rotary(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # no-op unless autocast made q low precision
-        q_rot = q * cos + self._rotate_half(q) * sin
-        k_rot = k * cos + self._rotate_half(k) * sin
-        return q_rot, k_rot
+        rotated = cos.shape[-1]
+        if rotated < q.shape[-1]:  # partial rotary (Phi-3's apply_rotary_pos_emb): the rest passes through
+            return (torch.cat((self._rotated(q[..., :rotated], cos, sin), q[..., rotated:]), dim=-1),
+                    torch.cat((self._rotated(k[..., :rotated], cos, sin), k[..., rotated:]), dim=-1))
+        return self._rotated(q, cos, sin), self._rotated(k, cos, sin)
+
+    def _rotated(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return x * cos + self._rotate_half(x) * sin
 
 
 class AttentionCore(nn.Module):
@@ -92,7 +100,9 @@ class AttentionCore(nn.Module):
         self.impl = config.attention
         self.dropout = config.dropout
         self.groups = config.n_heads // config.kv_heads
-        self.scale = 1.0 / math.sqrt(config.head_dim)
+        # Gemma: query_pre_attn_scalar^-0.5 (transformers' Gemma2/Gemma3Attention.scaling)
+        self.scale = 1.0 / math.sqrt(config.query_pre_attn_scalar or config.head_dim)
+        self.sdpa_scale = self.scale if config.query_pre_attn_scalar else None  # None: SDPA's 1/sqrt(q's head dim)
         # gpt-oss's attention sinks: a learned logit per head, a column beside every row of scores
         self.sinks = nn.Parameter(torch.empty(config.n_heads)) if config.attention_sinks else None
         if self.sinks is not None and self.sinks.device.type != "meta":
@@ -119,7 +129,7 @@ class AttentionCore(nn.Module):
             out = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, q.requires_grad, 0.0, True)[0]
         elif self.impl is AttentionImpl.FLASH:
             out = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=p_drop, is_causal=True, enable_gqa=self.groups > 1
+                q, k, v, dropout_p=p_drop, is_causal=True, enable_gqa=self.groups > 1, scale=self.sdpa_scale
             )
         else:
             if self.groups > 1:
@@ -157,10 +167,15 @@ class Block(nn.Module):
         if not self.post:
             self.attn_norm = make_norm(config)
         self.attn: nn.Module = (MlaAttention(config, AttentionCore(config), Rotary()) if config.mla
+                                else Llama4Attention(config, index, AttentionCore, Rotary) if config.llama4
                                 else Attention(config, AttentionCore, Rotary))
         self.attn_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         if self.post:
             self.attn_norm = make_norm(config)
+        # Gemma (NormPlacement.SANDWICH): each branch also normed on its way out, before its residual add
+        self.sandwich = config.norm_placement is NormPlacement.SANDWICH
+        if self.sandwich:
+            self.attn_post_norm = make_norm(config)
         self.windowed = config.window(index) is not None  # takes the sliding-window mask
         sparse = config.moe is not None and config.moe.is_sparse(index)
         if not self.post:
@@ -169,10 +184,18 @@ class Block(nn.Module):
         self.mlp_dropout = Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         if self.post:
             self.mlp_norm = make_norm(config)
+        if self.sandwich:
+            self.mlp_post_norm = make_norm(config)
+        self.local_rope = config.local_rope and self.windowed  # the sliding blocks' tables (Gemma 3)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None
     ) -> torch.Tensor:
+        if rope is not None:  # (cos, sin), or (cos, sin, local cos, local sin) with a local base
+            rope = (rope[2], rope[3]) if self.local_rope else (rope[0], rope[1])
+        if self.sandwich:  # Gemma2/Gemma3DecoderLayer: the branch's post norm takes its output as it is
+            x = x + self.attn_post_norm(self.attn_dropout(self.attn(self.attn_norm(x), rope, mask)))
+            return x + self.mlp_post_norm(self.mlp_dropout(self.mlp(self.mlp_norm(x))))
         if self.post:  # each branch normed in the stream's dtype (a copy under autocast: fp32 stream)
             x = x + self.attn_norm(self.attn_dropout(self.attn(x, rope, mask)).to(x.dtype))
             return x + self.mlp_norm(self.mlp_dropout(self.mlp(x)).to(x.dtype))
@@ -191,6 +214,15 @@ def _init_weights(module: nn.Module) -> None:
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None and module.bias.device.type != "meta":
             nn.init.zeros_(module.bias)
+
+
+def _rope_pair(h: int, positions: torch.Tensor, dtype: torch.dtype, theta: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, h) of base ``theta`` at ``positions``, in fp32, cast to ``dtype``."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, h, 2, device=positions.device, dtype=torch.float32) / h))
+    angles = torch.outer(positions, inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 class Transformer(nn.Module):
@@ -236,15 +268,14 @@ class Transformer(nn.Module):
             x = block(x, rope, masks[1] if block.windowed else masks[0])
         return x
 
-    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """cos and sin of shape (T, H) at ``positions`` (fp32, the tokens' places in their
-        sequence), built once per forward in fp32 and cast to the activations' dtype."""
-        h = self.config.rope_dim
-        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, h, 2, device=positions.device,
-                                                                  dtype=torch.float32) / h))
-        angles = torch.outer(positions, inv_freq)
-        angles = torch.cat((angles, angles), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        sequence), built once per forward in fp32 and cast to the activations' dtype; then the
+        sliding blocks' own pair where they have a base of their own (Gemma 3's local base)."""
+        tables: tuple[torch.Tensor, ...] = _rope_pair(self.config.rope_dim, positions, dtype, self.config.rope_theta)
+        if self.config.local_rope and self.config.rope_local_theta is not None:
+            tables += _rope_pair(self.config.rope_dim, positions, dtype, self.config.rope_local_theta)
+        return tables
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None
                 ) -> torch.Tensor:
@@ -258,6 +289,8 @@ class Transformer(nn.Module):
         for moe in moes:
             moe.aux_sink = aux_losses
         x = self.embed(input_ids)
+        if self.config.scale_embeddings:  # Gemma's scaled word embedding: times sqrt(D)
+            x = x * self.config.d_model ** 0.5
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(seq_len, device=input_ids.device))
         if self.embed_dropout is not None:

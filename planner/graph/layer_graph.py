@@ -94,8 +94,18 @@ class LayerGraph:
 
     @cached_property
     def grad_tensors(self) -> dict[str, int]:
-        """Unique parameter gradients (state-dict name -> numel of the ``.grad`` autograd makes)."""
-        return {name: p.grad_elements for name, p in self.param_specs.items()}
+        """Unique parameter gradients (state-dict name -> numel of the ``.grad`` autograd makes);
+        frozen parameters (a fine-tuning plan's base) have none."""
+        return {name: p.grad_elements for name, p in self.param_specs.items() if not p.frozen}
+
+    @cached_property
+    def trainable_tensors(self) -> dict[str, int]:
+        """Unique trained parameter tensors (state-dict name -> numel): what the optimizer keeps state for."""
+        return {name: p.numel for name, p in self.param_specs.items() if not p.frozen}
+
+    @cached_property
+    def n_trainable_params(self) -> int:
+        return sum(self.trainable_tensors.values())
 
     @cached_property
     def param_specs(self) -> dict[str, ParamTensor]:
@@ -132,6 +142,25 @@ class LayerGraph:
         return {block: tuple(positions) for block, positions in blocks.items()}
 
 
+def without_grad(cost: LayerCost) -> LayerCost:
+    """An op none of whose inputs or parameters requires grad (a fine-tuning plan's frozen
+    embedding and what only it feeds): autograd records nothing (no ``grad_fn``, nothing saved),
+    so what it would save is made and dropped inside its forward, as in a checkpointed unit's
+    forward (``unsaved_fwd_transient_bytes``), autocast's weight copies included; its output
+    requires no grad, and its backward is empty. Forward FLOPs stay (FlopCounterMode counts them)."""
+    if not cost.output.requires_grad and not cost.bwd_flops:
+        return cost
+    saved = (cost.unsaved_fwd_transient_bytes if cost.unsaved_fwd_transient_bytes is not None
+             else sum(cost.saved_extra_bytes) + cost.fwd_transient_bytes)
+    return cost.model_copy(update={
+        "output": cost.output.model_copy(update={"requires_grad": False}),
+        "saves_inputs": (), "saves_output": False, "saved_extra_bytes": (), "extras_are_outputs": False,
+        "autocast_copy_bytes": (), "fwd_transient_bytes": saved + sum(cost.autocast_copy_bytes),
+        "unsaved_fwd_transient_bytes": None, "bwd_input_flops": 0.0, "bwd_weight_flops": 0.0, "exec_bwd_flops": None,
+        "bwd_bytes_moved": 0.0, "bwd_kernels": 0, "bwd_transient_bytes": 0, "bwd_collectives": (),
+        "grad_aliases_inputs": (), "releases_output_grad": False})
+
+
 _SPEC_DEFAULTS = {name: field.default for name, field in LayerSpec.model_fields.items() if name not in ("name", "kind")}
 
 
@@ -163,16 +192,23 @@ class _Builder:
         self.edges: list[tuple[str, str, int, bool]] = []
         self.order: list[str] = []
         self.costs: dict[tuple[object, ...], LayerCost] = {}
+        self.alias: dict[str, str] = {}  # a described op that is its input (a cast to the same dtype)
+        self.frozen_base = False  # a fine-tuning plan: ops may see no input that requires grad
 
     def add(self, spec: LayerSpec, inputs: tuple[str, ...] = (), info: tuple[TensorInfo, ...] | None = None) -> str:
         tensors = info if info is not None else tuple(self.output(name) for name in inputs)
         # blocks repeat: an op's cost depends on every field of its spec but its name, block index and
         # parameter names (derived from the model, so a new field a formula reads is in the key too)
-        key = (*(getattr(spec, f) for f in _COST_FIELDS), tuple((p.numel, p.rows) for p in spec.params), tensors)
+        key = (*(getattr(spec, f) for f in _COST_FIELDS), tuple((p.numel, p.rows, p.frozen) for p in spec.params),
+               tensors)
         cost = self.costs.get(key)
         if cost is None:
             ctx = OpContext(batch=self.batch, seq_len=self.seq_len, precision=self.precision, inputs=tensors)
-            cost = self.costs[key] = cost_of(spec, ctx)
+            cost = cost_of(spec, ctx)
+            if self.frozen_base and not any(t.requires_grad for t in tensors) and all(p.frozen for p in spec.params) and (
+                    spec.params or tensors):
+                cost = without_grad(cost)
+            self.costs[key] = cost
         self.ops[spec.name] = GraphNode(spec=spec, cost=cost, inputs=inputs)
         for position, producer in enumerate(inputs):
             self.edges.append((producer, spec.name, position, cost.saves_input(position)))
@@ -192,7 +228,10 @@ class _Builder:
 
     def op(self, desc: OpDesc) -> None:
         """Instantiate one described op."""
-        inputs = desc.inputs
+        inputs = tuple(self.alias.get(t, t) for t in desc.inputs)
+        if desc.kind is OpKind.ADAPTER_CAST and self.output(inputs[0]).dtype is self.precision.param_dtype:
+            self.alias[desc.name] = inputs[0]  # peft's cast returns x itself: no op
+            return
         if (desc.kind is OpKind.CROSS_ENTROPY and self.output(inputs[0]).dtype.n_bytes != 4
                 and desc.field("variant") not in HIDDEN_STATE_LOSSES):  # those take hidden states
             # the reference model's loss upcasts low-precision logits first (``.float()``)
@@ -202,7 +241,7 @@ class _Builder:
             # under autocast the branch is low precision and the stream fp32
             inputs = (self.add(_spec(name=f"{desc.name}_cast", kind=OpKind.CAST, block=desc.block), inputs),)
         spec = _spec(name=desc.name, kind=desc.kind, block=desc.block, params=desc.params, **dict(desc.fields))
-        info = (self.output(desc.shape_of),) if desc.shape_of is not None else None
+        info = (self.output(self.alias.get(desc.shape_of, desc.shape_of)),) if desc.shape_of is not None else None
         self.add(spec, inputs, info)
 
 
@@ -213,6 +252,7 @@ def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: Precisi
     priced by its registered formula."""
     desc = desc or describe(model)
     g = _Builder(model, batch, seq_len, precision)
+    g.frozen_base = any(p.frozen for p in desc.params.values())
     for op in desc.ops:
         g.op(op)
     consumers_save: set[str] = {producer for producer, _, _, saved in g.edges if saved}
@@ -223,7 +263,21 @@ def build_graph(model: ModelConfig, batch: int, seq_len: int, precision: Precisi
         saved_bytes[name] = sum(cost.saved_extra_bytes) + (cost.output.n_bytes if kept else 0)
     return LayerGraph(model=model, batch=batch, seq_len=seq_len, precision=precision, ops=g.ops, saved=saved_bytes,
                       edges=tuple(g.edges),
-                      order=tuple(g.order), held_until=dict(desc.held_until))
+                      order=tuple(g.order), held_until=_holds(desc, g))
+
+
+def _holds(desc: ModelDesc, g: _Builder) -> dict[str, str]:
+    """Tensor -> the op whose completion ends the last frame holding it (a tensor several frames
+    hold, as a LoRA adapter's input inside its caller's frame, is held until the latest)."""
+    if not g.alias:
+        return dict(desc.held_until)
+    position = {name: i for i, name in enumerate(g.order)}
+    holds: dict[str, str] = {}
+    for tensor, until in desc.held_until:
+        tensor = g.alias.get(tensor, tensor)
+        if tensor not in holds or position[until] > position[holds[tensor]]:
+            holds[tensor] = until
+    return holds
 
 
 LOGITS_NODES = frozenset({"lm_head", "logits_cast", "loss"})

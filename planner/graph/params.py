@@ -18,5 +18,10 @@ def param_tensors(model: ModelConfig) -> dict[str, int]:
 
 
 def count_params(model: ModelConfig) -> int:
-    """Total trainable parameters (tied weights once)."""
+    """Total parameters (tied weights once), frozen ones included."""
     return sum(param_tensors(model).values())
+
+
+def count_trainable_params(model: ModelConfig) -> int:
+    """Parameters that train: all of them, or under ``model.finetune`` the adapters alone."""
+    return sum(p.numel for p in describe(model).params.values() if not p.frozen)

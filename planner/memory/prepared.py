@@ -90,7 +90,8 @@ class Prepared:
         self.aliases = [tuple(op.cost.grad_aliases_input(s) for s in range(len(op.inputs))) for op in nodes]
         self.saved_slots = [tuple(op.cost.saves_input(s) for s in range(len(op.inputs))) for op in nodes]
         self.params: list[tuple[tuple[str, int], ...]] = [
-            tuple((p.name, round_bytes(p.grad_elements * graph.precision.grad_dtype.n_bytes)) for p in op.spec.params)
+            tuple((p.name, round_bytes(p.grad_elements * graph.precision.grad_dtype.n_bytes)) for p in op.spec.params
+                  if not p.frozen)  # a frozen parameter (a fine-tuning plan's base) gets no gradient
             for op in nodes
         ]
         self.full_pending = [len(self.consumers[t]) + len(self.frame_users[t]) for t in range(n)]

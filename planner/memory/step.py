@@ -112,8 +112,9 @@ def static_memory(
     precision = graph.precision
     tensors = graph.param_tensors.values()
     params = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors) + buffer_bytes(graph, round_bytes)
-    state_one = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in tensors)
-    scalars = round_bytes(4) * len(graph.param_tensors) if device_step_scalar and state_tensors_per_param else 0
+    trained = graph.trainable_tensors  # frozen parameters (a fine-tuning plan's base) have no state
+    state_one = sum(round_bytes(n * precision.param_dtype.n_bytes) for n in trained.values())
+    scalars = round_bytes(4) * len(trained) if device_step_scalar and state_tensors_per_param else 0
     grads = grads_bytes_of(graph, round_bytes)
     data = 2 * round_bytes(data_sequences * (data_seq_len or graph.seq_len) * 8)
     return StaticMemory(

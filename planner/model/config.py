@@ -12,8 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from hardware.kernels import AttentionKernel
 from hardware.stack import DEFAULT_STACK, Stack
+from planner.finetune.config import FinetuneConfig
 from planner.model.checks import shape_problems, with_family_defaults
 from planner.model.families.deepseek.config import MlaConfig
+from planner.model.families.llama4.config import Llama4Config
 from planner.model.families.moe.config import MoeConfig
 from planner.model.families.registry import MOE_FAMILIES
 from planner.model.kinds import (
@@ -85,7 +87,7 @@ class ModelConfig(BaseModel):
     norm: NormKind | None = None
     norm_placement: NormPlacement | None = Field(
         default=None, description="pre: each branch normed on its way in (x + attn(norm(x))); post: on its way out "
-        "(x + norm(attn(x)), OLMo 2); default the family's")
+        "(x + norm(attn(x)), OLMo 2); sandwich: both (x + norm(attn(norm(x))), Gemma); default the family's")
     mlp: MlpKind | None = None
     positions: PositionKind | None = None
     norm_eps: float | None = Field(default=None, gt=0)
@@ -96,7 +98,25 @@ class ModelConfig(BaseModel):
         default=None, description="multi-head latent attention (planner.model.families.deepseek.config; "
         "DeepSeek-V2/V3) in place of q/k/v projections: qkv_bias then sets q_a_proj's and kv_a_proj_with_mqa's "
         "biases (DeepSeek's attention_bias); None: plain multi-head attention")
+    llama4: Llama4Config | None = Field(
+        default=None, description="Llama 4's attention (planner.model.families.llama4.config): no-RoPE blocks with "
+        "temperature tuning, the q/k L2 norm on the RoPE blocks, chunked local attention; None: none of these")
     rope_theta: float = Field(default=10000.0, gt=0)
+    partial_rotary_factor: float | None = Field(
+        default=None, gt=0, le=1, description="the share of each head's H dims RoPE rotates (transformers' "
+        "partial_rotary_factor: the first int(H x factor) dims, the rest passed through and concatenated); None: all")
+    query_pre_attn_scalar: float | None = Field(
+        default=None, gt=0, description="attention scores scaled by query_pre_attn_scalar^-0.5 instead of H^-0.5 "
+        "(Gemma); a value only: no cost changes")
+    scale_embeddings: bool | None = Field(
+        default=None, description="the token embedding times sqrt(d_model) (Gemma's scaled word embedding): one "
+        "more (B, T, D) elementwise op; default the family's")
+    rope_local_theta: float | None = Field(
+        default=None, gt=0, description="RoPE base of the sliding-window blocks where it differs from rope_theta "
+        "(Gemma 3's rope_local_base_freq): a second pair of cos/sin tables; None: one base for every block")
+    fused_projections: bool | None = Field(
+        default=None, description="q, k, v as one qkv_proj and gate, up as one gate_up_proj, each output split into "
+        "views (Phi-3); default the family's")
     sliding_window: PositiveInt | None = Field(
         default=None, description="keys a query of a sliding layer sees, itself included (transformers' "
         "sliding_window: query i sees key j iff i - sliding_window < j <= i); None: no window. The reference model "
@@ -130,6 +150,9 @@ class ModelConfig(BaseModel):
                     "cross-entropy); default: the implementation's (torchtitan chunked, the others plain)")
     loss_chunks: PositiveInt | None = Field(
         default=None, description="sequence chunks of the chunked loss (default 8, torchtitan 0.3.0's num_chunks)")
+    finetune: FinetuneConfig | None = Field(
+        default=None, description="train adapters on the frozen model (planner.finetune.config: method lora, rank, "
+                                  "alpha, dropout, target_modules); None: every parameter trains")
 
     @model_validator(mode="before")
     @classmethod
@@ -142,9 +165,42 @@ class ModelConfig(BaseModel):
         if self.norm_placement is NormPlacement.POST and self.norm is not NormKind.RMSNORM:
             problems.append("norm_placement: post-norm blocks are priced with RMSNorm only (OLMo 2); set norm: rmsnorm "
                             "or norm_placement: pre")
+        problems.extend(self._phi3_problems())
+        problems.extend(self._llama4_problems())
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _phi3_problems(self) -> list[str]:
+        """Partial rotary and fused projections: what they fit (an even rotated width; a dense
+        SwiGLU block with plain multi-head attention)."""
+        problems = []
+        if self.partial_rotary_factor is not None and self.positions is PositionKind.ROTARY and (
+                self.rope_dim < 2 or self.rope_dim % 2):
+            problems.append(f"partial_rotary_factor: {self.partial_rotary_factor} rotates int({self.head_dim} x "
+                            f"{self.partial_rotary_factor}) = {self.rope_dim} dims of each head; RoPE needs an even "
+                            "number of at least 2; change the factor")
+        if self.fused_projections and (self.mla is not None or self.moe is not None or self.mlp is not MlpKind.SWIGLU):
+            problems.append("fused_projections: fused qkv_proj/gate_up_proj are priced for dense SwiGLU blocks with "
+                            "plain attention (Phi-3) only; set fused_projections: false")
+        return problems
+
+    def _llama4_problems(self) -> list[str]:
+        """Llama 4's attention settings: blocks that exist, with the attention they modify."""
+        if self.llama4 is None:
+            return []
+        problems = []
+        beyond = [b for b in self.llama4.nope_layers if b >= self.n_layers]
+        if beyond:
+            problems.append(f"llama4.nope_layers: blocks {beyond} beyond n_layers {self.n_layers}; list blocks "
+                            f"0..{self.n_layers - 1}")
+        if self.mla is not None or self.positions is not PositionKind.ROTARY or self.qk_norm not in (None, QkNorm.NONE):
+            problems.append("llama4: Llama 4's attention is plain multi-head attention with rotary positions and no "
+                            "q/k RMSNorm; drop mla and qk_norm, set positions: rotary")
+        if self.fused_projections or self.attention_sinks or self.sliding_window is not None:
+            problems.append("llama4: fused projections, attention sinks and sliding windows are not Llama 4's; drop "
+                            "them or the llama4 section")
+        return problems
 
     @property
     def head_dim(self) -> int:
@@ -153,8 +209,19 @@ class ModelConfig(BaseModel):
 
     @property
     def rope_dim(self) -> int:
-        """The rotated dims of each query/key head: MLA's qk_rope_head_dim, else H."""
-        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
+        """The rotated dims of each query/key head: MLA's qk_rope_head_dim, else int(H x
+        ``partial_rotary_factor``) (transformers 5.24.0, ``Phi3RotaryEmbedding``), else H."""
+        if self.mla is not None:
+            return self.mla.qk_rope_head_dim
+        if self.partial_rotary_factor is not None:
+            return int(self.head_dim * self.partial_rotary_factor)
+        return self.head_dim
+
+    @property
+    def local_rope(self) -> bool:
+        """Whether the sliding-window blocks rotate with a base of their own (``rope_local_theta``)."""
+        return (self.rope_local_theta is not None and self.rope_local_theta != self.rope_theta
+                and any(self.window(b) is not None for b in range(self.n_layers)))
 
     @property
     def position_rows(self) -> int:
@@ -179,6 +246,8 @@ class ModelConfig(BaseModel):
         (5.24.0, ``masking_utils._ignore_causal_mask_sdpa``) keeps ``is_causal`` only while T < W:
         at T = W it already builds the window mask, so implementation hf needs T < W. Past that the
         window is priced only as eager attention (the full square, masked), never ignored."""
+        if self.llama4 is not None and self.llama4.chunk_refusal(seq_len) is not None:
+            return self.llama4.chunk_refusal(seq_len)
         windows = [w for w in (self.window(b) for b in range(self.n_layers)) if w is not None]
         if self.attention is not AttentionImpl.FLASH or not windows:
             return None

@@ -20,16 +20,22 @@ class Family(StrEnum):
     OLMOE = "olmoe"  # q/k RMSNorm over all heads, MoE MLPs
     DEEPSEEK_V3 = "deepseek_v3"  # multi-head latent attention, sigmoid group-limited router, dense first blocks
     GPT_OSS = "gpt_oss"  # attention sinks, sliding-window layers, biased clamped-SwiGLU experts
+    LLAMA4_TEXT = "llama4_text"  # MoE interleaved with dense blocks, no-RoPE layers, q/k L2 norm, chunked attention
+    PHI3 = "phi3"  # Llama's layout with fused qkv_proj and gate_up_proj, partial rotary
+    GEMMA2 = "gemma2"  # norms before and after each branch, GeGLU, scaled embedding, sliding/global layers
+    GEMMA3_TEXT = "gemma3_text"  # Gemma 2's layout, per-head q/k norms, two RoPE bases (a gemma3 file's text model)
 
 
 class NormKind(StrEnum):
     LAYERNORM = "layernorm"
     RMSNORM = "rmsnorm"
+    GEMMA_RMSNORM = "gemma-rmsnorm"  # in fp32 times (1 + w), cast back (transformers' Gemma2/Gemma3 RMSNorm)
 
 
 class MlpKind(StrEnum):
     GELU = "gelu"  # up -> GELU(tanh) -> down (GPT-2)
     SWIGLU = "swiglu"  # silu(gate) * up -> down (Llama, Mistral, Qwen2)
+    GEGLU = "geglu"  # gelu_tanh(gate) * up -> down (Gemma)
 
 
 class PositionKind(StrEnum):
@@ -42,6 +48,7 @@ class NormPlacement(StrEnum):
 
     PRE = "pre"  # x + attn(norm(x)), then x + mlp(norm(x)) (GPT-2, Llama)
     POST = "post"  # x + norm(attn(x)), then x + norm(mlp(x)) (OLMo 2: the norm on each branch's output)
+    SANDWICH = "sandwich"  # x + norm(attn(norm(x))), then x + norm(mlp(norm(x))) (Gemma 2/3: both)
 
 
 class QkNorm(StrEnum):

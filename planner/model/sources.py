@@ -47,7 +47,7 @@ from planner.model.config import (
 from planner.model.families.config_json import hf_name, model_from_hf_config
 
 _PRESET_DIR = "presets"
-_SECTIONS = ("model", "training")
+_SECTIONS = ("model", "training", "finetune")  # finetune: planner.finetune.config, read into the model
 
 # Flags of the CLI that supply each training field when a file has none.
 _TRAINING_FLAGS = {"seq_len": "--seq-len", "global_batch_size": "--global-batch"}
@@ -127,7 +127,7 @@ def _workload_from_sections(data: Any, context: str) -> Workload:
     unknown = [key for key in data if key not in _SECTIONS]
     if unknown:
         raise ConfigError(
-            f"{context}: {unknown[0]}: unknown top-level key; a model file has only model: and training: sections "
+            f"{context}: {unknown[0]}: unknown top-level key; a model file has only model:, training: and finetune: sections "
             "(model fields go under model:, or give a transformers config.json with its model_type)"
         )
     if data.get("model") is None:
@@ -147,6 +147,8 @@ def _workload_from_sections(data: Any, context: str) -> Workload:
         base_training = base.get("training")
         if base_training is not None:
             training = {**base_training, **(training or {})}
+    if data.get("finetune") is not None:  # adapters trained on the frozen model (planner.finetune)
+        model = {**model, "finetune": data["finetune"]}
     try:
         return Workload.model_validate({"model": model, "training": training})
     except ValidationError as error:

@@ -51,6 +51,11 @@ class OpKind(StrEnum):
     MOE_COMBINE = "moe_combine"  # each row times its weight, index_add into its token
     CLAMPED_SWIGLU = "clamped_swiglu"  # gpt-oss's expert activation over interleaved (gate, up) columns
     GATE_SCALE = "gate_scale"  # x * sigmoid(g) with g one value per token (Qwen2-MoE's shared expert gate)
+    MOE_SCALE = "moe_scale"  # each expert row times its routing weight, before the experts (Llama 4)
+    MOE_GATHER = "moe_gather"  # the experts' rows index_added into their tokens, unweighted (Llama 4)
+    # Llama 4's attention (planner.ops.llama4)
+    QK_L2_NORM = "qk_l2_norm"  # weightless fp32 RMS norm of q and k per head, after the rotary
+    ATTN_TEMPERATURE = "attn_temperature"  # q times an fp32 per-position scale on the no-RoPE blocks
     # expert parallelism (planner.parallel.expert)
     ALL_TO_ALL = "all_to_all"  # expert rows exchanged with the expert-parallel group
     PERMUTE_ROWS = "permute_rows"  # received rows regrouped by expert (or back by source rank): a copy
@@ -59,6 +64,10 @@ class OpKind(StrEnum):
     # multi-head latent attention (planner.ops.mla)
     SLICE = "slice"  # a view of some columns of a projection's output (no copy)
     MLA_CONCAT = "mla_concat"  # q = cat(q_nope, q_rope), k = cat(k_nope, k_rope expanded over heads)
+    HEAD_MERGE_COPY = "head_merge_copy"  # (B, N, T, H) -> (B, T, N H) of a head-major tensor: a copy
+    # fine-tuning (planner.finetune, planner.ops.scale)
+    SCALE = "scale"  # x * a Python float (a LoRA adapter's output times alpha / rank)
+    ADAPTER_CAST = "adapter_cast"  # x.to(the adapters' dtype) (peft's _cast_input_dtype); none when equal
 
 
 class OpVariant(StrEnum):
@@ -67,6 +76,7 @@ class OpVariant(StrEnum):
 
     REFERENCE = "reference"  # as validate/reference_model.py runs it
     NORM_FP32 = "norm_fp32"  # transformers' LlamaRMSNorm: upcast to fp32, cast back before the weight
+    NORM_GEMMA = "norm_gemma"  # transformers' Gemma2/Gemma3 RMSNorm: in fp32, times (1 + w) in fp32, cast back
     NORM_FUSED = "norm_fused"  # F.rms_norm as CUDA runs it (_fused_rms_norm): saves input and per-row rstd
     GELU_NEW = "gelu_new"  # transformers' NewGELUActivation: the tanh formula written out
     GELU_FAST = "gelu_fast"  # transformers' FastGELUActivation: written out
@@ -117,6 +127,7 @@ class ParamTensor(BaseModel):
     grad_numel: int = 0  # 0: the gradient has the parameter's shape (a vocabulary-parallel embedding's is whole)
     shard_dim: int = 0  # the dim FSDP2 shards (``rows`` is its size); not 0: copies at all-gather and reduce-scatter
     expert_parallel: bool = False  # this rank's experts under expert parallelism: FSDP2 shards them over dp_shard / ep
+    frozen: bool = False  # requires_grad False (a fine-tuning plan's base weights): no gradient, no optimizer state
 
     @property
     def dim0(self) -> int:
@@ -124,7 +135,13 @@ class ParamTensor(BaseModel):
 
     @property
     def grad_elements(self) -> int:
-        return self.grad_numel or self.numel
+        """Elements of its ``.grad`` (0: frozen, autograd makes none)."""
+        return 0 if self.frozen else self.grad_numel or self.numel
+
+    @property
+    def state_elements(self) -> int:
+        """Elements of each optimizer state tensor it has (0: frozen, the optimizer never sees a gradient)."""
+        return 0 if self.frozen else self.numel
 
 
 class LayerSpec(BaseModel):

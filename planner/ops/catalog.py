@@ -8,14 +8,17 @@ from planner.ops import (  # noqa: F401  (registers them; impl_*: other implemen
     collectives,
     elementwise,
     embedding,
+    gemma,
     impl_losses,
     impl_ops,
     linear,
+    llama4,
     loss,
     mla,
     moe,
     norm,
     pipeline,
+    scale,
 )
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind
 from planner.ops.registry import Formula, registered, registered_kinds, registered_variant

@@ -64,12 +64,15 @@ def silu_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
 
 @register(OpKind.GLU_MUL)
 def glu_mul_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
-    """SwiGLU product ``silu(gate) * up`` (Shazeer 2020): saves both (B, T, F) operands."""
+    """SwiGLU product ``silu(gate) * up`` (Shazeer 2020): saves both (B, T, F) operands. Each is
+    saved only for the other's gradient (torch 2.13 derivatives.yaml ``mul.Tensor``; generated code
+    saves under ``should_compute_output``): where one operand requires no grad (a fine-tuning plan's
+    frozen projection on a frozen input) the other is not saved."""
     a, b = ctx.inputs
     out = TensorInfo(numel=a.numel, dtype=promote(a.dtype, b.dtype))
     return LayerCost(
         output=out,
-        saves_inputs=(True, True),
+        saves_inputs=(b.requires_grad, a.requires_grad),
         fwd_bytes_moved=a.n_bytes + b.n_bytes + out.n_bytes,
         bwd_bytes_moved=3 * out.n_bytes + a.n_bytes + b.n_bytes,
         bwd_kernels=2,
@@ -88,3 +91,16 @@ def dropout_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         fwd_bytes_moved=2 * x.n_bytes + x.numel,
         bwd_bytes_moved=2 * x.n_bytes + x.numel,
     )
+
+
+@register(OpKind.HEAD_MERGE_COPY)
+def head_merge_copy_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """``rearrange(out, "b n t h -> b t (n h)")`` of an attention output laid out head-major
+    (B, N, T, H): the reshape cannot view it, so it copies (``clone`` then ``_unsafe_view``).
+    SDPA lays its output out as its query: a query made by ``cat`` (partial rotary, transformers
+    5.24.0 ``models/phi3/modeling_phi3.py`` ``apply_rotary_pos_emb``) is head-major, where the
+    rotate-half of a (B, T, N, H) view keeps that layout and the merge is a view. Saves nothing;
+    backward reshapes the gradient (a view, no copy)."""
+    x = ctx.inputs[0]
+    out = TensorInfo(numel=x.numel, dtype=x.dtype)
+    return LayerCost(output=out, grad_aliases_inputs=(True,), fwd_bytes_moved=2 * x.n_bytes, bwd_kernels=0)

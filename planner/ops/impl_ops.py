@@ -46,11 +46,12 @@ def rmsnorm_fp32_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         return rmsnorm_cost(spec, ctx)
     e, rows = x.numel, x.numel // (spec.in_features or x.numel // ctx.tokens)
     out = TensorInfo(numel=e, dtype=x.dtype)
+    frozen = bool(spec.params) and all(p.frozen for p in spec.params)  # the bf16 copy is saved only for w's grad
     return LayerCost(
         output=out,
         saves_inputs=(False,),
-        saved_extra_bytes=(4 * e, 4 * rows, out.n_bytes),
-        fwd_transient_bytes=4 * e + 4 * rows,
+        saved_extra_bytes=(4 * e, 4 * rows) if frozen else (4 * e, 4 * rows, out.n_bytes),
+        fwd_transient_bytes=4 * e + 4 * rows + (out.n_bytes if frozen else 0),
         unsaved_fwd_transient_bytes=6 * e + 12 * rows,
         bwd_transient_bytes=14 * e,
         fwd_bytes_moved=x.n_bytes + 16 * e + 2 * out.n_bytes,

@@ -29,6 +29,16 @@ def linear_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     autocast does not cache non-leaf casts, so q/k/v each keep their own copy) and the weight and
     bias casts are cached for the whole forward and saved. Backward then computes the input and
     weight gradients in low precision and casts them back (transients).
+
+    A frozen weight (``ParamTensor.frozen``: a fine-tuning plan's base linear) gets no gradient,
+    and autograd saves only what the input gradient needs: torch 2.13's generated autograd code
+    (``tools/autograd/gen_variable_type.py``) saves each input of ``mm``/``addmm`` under
+    ``grad_fn->should_compute_output(...)`` of the other one, so the input (or its autocast
+    copy, then a forward transient) is not saved, the weight is. Autocast caches only casts of
+    leaves that require grad (``cached_cast``, ``aten/src/ATen/autocast_mode.cpp``), so a frozen
+    fp32 weight is cast afresh by every call and that copy is the matmul's own, saved while the
+    input requires grad (measured with the tracker: output + the bf16 weight copy). Backward runs
+    the input gradient only (no weight-gradient FLOPs).
     """
     return _matmul_cost(spec, ctx, groups=1)
 
@@ -77,6 +87,10 @@ def _matmul_cost(spec: LayerSpec, ctx: OpContext, groups: int) -> LayerCost:
         bwd_transient += x.numel * low.n_bytes  # grad of the copy, before the cast back
     compute_bytes = out_dtype.n_bytes
     flops = linear_flops(tokens, i, o)
+    if spec.params and all(p.frozen for p in spec.params):
+        return _frozen_matmul_cost(spec, ctx, groups, out, flops, casts_input)
+    if casts_input and not x.requires_grad:  # the copy gets no gradient of its own
+        bwd_transient -= x.numel * low.n_bytes  # type: ignore[union-attr]
     return LayerCost(
         fwd_flops=flops,
         bwd_input_flops=flops if x.requires_grad else 0.0,
@@ -95,6 +109,45 @@ def _matmul_cost(spec: LayerSpec, ctx: OpContext, groups: int) -> LayerCost:
         bwd_transient_bytes=bwd_transient,
         param_numel=weight_numel if spec.owns_params else 0,
         param_dtype=param_dtype,
+        saves_before_compute=True,
+    )
+
+
+def _frozen_matmul_cost(spec: LayerSpec, ctx: OpContext, groups: int, out: TensorInfo, flops: float,
+                        casts_input: bool) -> LayerCost:
+    """A matmul whose weight (and bias) are frozen (``linear_cost``): the weight (or its uncached
+    autocast copy) saved for the input gradient, nothing of the input; backward: the input
+    gradient alone (and, under autocast, the gradient of the input's copy before its cast back)."""
+    x = ctx.inputs[0]
+    i, o = spec.in_features, spec.out_features
+    tokens = x.numel // i
+    low = ctx.precision.autocast_dtype
+    compute_bytes = out.dtype.n_bytes
+    copies: tuple[int, ...] = ()
+    fwd_transient = 0
+    if low is not None and ctx.precision.param_dtype != low:
+        copies = (groups * i * o * low.n_bytes,)
+        fwd_transient = groups * o * low.n_bytes if spec.bias else 0  # addmm's backward reads no bias
+    if casts_input:
+        assert low is not None
+        fwd_transient += x.numel * low.n_bytes  # the input's copy, used by the kernel and dropped
+    return LayerCost(
+        fwd_flops=flops,
+        bwd_input_flops=flops if x.requires_grad else 0.0,
+        fwd_bytes_moved=(x.numel + groups * i * o + tokens * o) * compute_bytes,
+        bwd_bytes_moved=(tokens * o + groups * i * o + x.numel) * compute_bytes,
+        fwd_kernels=1 + (2 if low is not None else 0),
+        bwd_kernels=1,
+        matmul=True,
+        gemm=GemmShape(m=tokens // groups, n=o, k=i, batch=groups),
+        output=out,
+        saves_inputs=(False,),
+        autocast_copy_bytes=copies,
+        autocast_copies_cached=False,
+        fwd_transient_bytes=fwd_transient,
+        bwd_transient_bytes=x.numel * low.n_bytes if casts_input and low is not None and x.requires_grad else 0,
+        param_numel=groups * (i * o + (o if spec.bias else 0)) if spec.owns_params else 0,
+        param_dtype=ctx.precision.param_dtype,
         saves_before_compute=True,
     )
 

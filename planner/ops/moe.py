@@ -15,6 +15,7 @@ from planner.ops.base import AllocSequence, LayerCost, LayerSpec, OpContext, OpK
 from planner.ops.registry import register
 
 _INDEX = DType.INT64.n_bytes
+_F32 = DType.FP32.n_bytes
 
 
 def _moe(spec: LayerSpec) -> MoeConfig:
@@ -125,6 +126,8 @@ def moe_route_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     moe = _moe(spec)
     if moe.scoring is RouterScoring.TOPK_SOFTMAX:
         return _topk_softmax_route(moe, ctx)
+    if moe.scoring is RouterScoring.TOPK_SIGMOID:
+        return _topk_sigmoid_route(moe, ctx)
     logits = ctx.inputs[0]
     e, k = moe.n_experts, moe.top_k
     n = logits.numel // e
@@ -189,6 +192,87 @@ def _topk_softmax_route(moe: MoeConfig, ctx: OpContext) -> LayerCost:
         fwd_bytes_moved=logits.n_bytes + 2 * low * n * k + 3 * chosen + 3 * row_index + out.n_bytes,
         bwd_bytes_moved=2 * out.n_bytes + 4 * chosen + 2 * logits.n_bytes,
         fwd_kernels=7, bwd_kernels=6,
+    )
+
+
+def _topk_sigmoid_route(moe: MoeConfig, ctx: OpContext) -> LayerCost:
+    """Llama 4's router (transformers 5.24.0 ``Llama4Router``: the top-k logits, an fp32 sigmoid of
+    each, cast back; the others score 0 and are not routed): the k chosen logits gathered (N, k)
+    (saves its int64 index, an arange's remainder), ``sigmoid(chosen.float())`` (saves its fp32
+    output; a low-precision copy first), cast back to the logits' dtype, ``index_select`` into row
+    order (saves its (R,) index, an arange's transposed copy): (R,) weights in the logits' dtype.
+
+    Backward: index_select's zeros and index_add (N k), the cast's fp32 gradient, sigmoid's, cast
+    back, then gather's scatter into a zeroed (N, E) beside it (the logits' gradient).
+    """
+    logits = ctx.inputs[0]
+    e, k = moe.n_experts, moe.top_k
+    n = logits.numel // e
+    rows = e * moe.expert_rows(n)
+    low = logits.dtype is not DType.FP32
+    chosen, f32_chosen, row_index = logits.dtype.n_bytes * n * k, _F32 * n * k, _INDEX * rows
+    out = TensorInfo(numel=rows, dtype=logits.dtype)
+    extras = [_INDEX * n * k, f32_chosen, row_index]  # gather's index, sigmoid's output, index_select's index
+    seq = AllocSequence().alloc(_INDEX * n * k).alloc(_INDEX * n * k).free(_INDEX * n * k)  # arange, remainder
+    seq.alloc(chosen)  # the gathered logits
+    if low:
+        seq.alloc(f32_chosen).free(chosen).alloc(f32_chosen).free(f32_chosen).alloc(chosen)  # copy, sigmoid, cast
+    else:
+        seq.alloc(f32_chosen).free(chosen)  # sigmoid (its output is the weights)
+    seq.alloc(_INDEX * n * k).alloc(row_index).free(_INDEX * n * k)
+    seq.alloc(out.n_bytes)
+    if low:
+        seq.free(chosen)  # the (N, k) weights die unsaved
+    back_peak = max(2 * f32_chosen + chosen, 2 * logits.n_bytes)
+    return LayerCost(
+        output=out,
+        saves_inputs=(False,),
+        saved_extra_bytes=tuple(extras),
+        fwd_transient_bytes=seq.transient_over(sum(extras) + out.n_bytes),
+        bwd_transient_bytes=max(0, back_peak - logits.n_bytes),
+        fwd_bytes_moved=logits.n_bytes + 3 * chosen + 3 * f32_chosen + 3 * row_index + out.n_bytes,
+        bwd_bytes_moved=2 * out.n_bytes + 4 * f32_chosen + 2 * logits.n_bytes,
+        fwd_kernels=8 if low else 6, bwd_kernels=7 if low else 5,
+    )
+
+
+@register(OpKind.MOE_SCALE)
+def moe_scale_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """Llama 4: ``rows * weights.to(rows.dtype).view(E, C, 1)``, each expert row (R, D) times its
+    routing weight before the experts (transformers 5.24.0 ``Llama4TextMoe``: ``routed_in =
+    hidden * scores``). The product saves both operands: the rows and the weights (a copy in the
+    rows' dtype where they differ). Backward: the rows' gradient (R, D) and the weights' through
+    an (R, D) product summed to (R,), cast back."""
+    rows, weights = ctx.inputs
+    out = TensorInfo(numel=rows.numel, dtype=rows.dtype)
+    cast = weights.dtype is not rows.dtype
+    copy = weights.numel * rows.dtype.n_bytes
+    return LayerCost(
+        output=out,
+        saves_inputs=(True, not cast),
+        saved_extra_bytes=(copy,) if cast else (),
+        bwd_transient_bytes=rows.n_bytes + copy,
+        fwd_bytes_moved=2 * rows.n_bytes + 2 * copy,
+        bwd_bytes_moved=4 * rows.n_bytes + 2 * copy,
+        fwd_kernels=2 if cast else 1, bwd_kernels=4 if cast else 3,
+    )
+
+
+@register(OpKind.MOE_GATHER)
+def moe_gather_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """Llama 4: ``zeros(N, D).index_add_(0, slots, rows)``, the experts' (already weighted) output
+    rows summed into their tokens, in the rows' dtype. index_add saves the slots and its source
+    (its derivative reads ``source.dim()``). Backward: the output's gradient gathered back
+    (R, D): the rows' gradient itself."""
+    rows_out, slots = ctx.inputs
+    out = TensorInfo(numel=ctx.tokens * spec.in_features, dtype=rows_out.dtype)
+    return LayerCost(
+        output=out,
+        saves_inputs=(True, True),
+        releases_output_grad=True,
+        fwd_bytes_moved=2 * rows_out.n_bytes + 2 * out.n_bytes + slots.n_bytes,
+        bwd_bytes_moved=2 * rows_out.n_bytes + slots.n_bytes,
+        fwd_kernels=2, bwd_kernels=1,
     )
 
 

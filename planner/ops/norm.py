@@ -46,16 +46,22 @@ def rmsnorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     once it returns, with the saved ``x * rstd``); at the peak, in ``pow``'s node, the first
     input-gradient term and the mean, pow and product gradients exist: two (B, T, D) tensors
     beyond the output gradient and input gradient the walk counts.
+
+    A frozen weight (a fine-tuning plan's base): the weight ``mul`` saves ``x * rstd`` only for
+    the weight's gradient (``mul.Tensor`` in torch 2.13's derivatives.yaml, each operand saved
+    only when the other's gradient is needed), so ``x * rstd`` is a forward transient instead.
     """
     x = ctx.inputs[0]
     dtype = _norm_dtype(ctx)
     out = TensorInfo(numel=x.numel, dtype=dtype)
     rows = x.numel // (spec.in_features or x.numel // ctx.tokens)
     u = x.numel * dtype.n_bytes
+    frozen = bool(spec.params) and all(p.frozen for p in spec.params)
     return LayerCost(
         output=out,
         saves_inputs=(True,),
-        saved_extra_bytes=(rows * dtype.n_bytes, u),
+        saved_extra_bytes=(rows * dtype.n_bytes,) if frozen else (rows * dtype.n_bytes, u),
+        fwd_transient_bytes=u if frozen else 0,
         fwd_bytes_moved=5 * u,
         bwd_bytes_moved=10 * u,
         fwd_kernels=6,

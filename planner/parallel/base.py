@@ -79,8 +79,9 @@ class SingleDevice:
         gradients that every checkpoint placement holds, without building the graph (``tensors``:
         the rank's parameters, as its description has them)."""
         params = sum(hw.round_alloc(p.numel * spec.param_dtype.n_bytes) for p in tensors.values())
+        state = sum(hw.round_alloc(p.state_elements * spec.param_dtype.n_bytes) for p in tensors.values())
         grads = sum(hw.round_alloc(p.grad_elements * spec.grad_dtype.n_bytes) for p in tensors.values())
-        return params * (1 + state_tensors_per_param) + (grads if self._grads_at_loss(knobs) else 0)
+        return params + state * state_tensors_per_param + (grads if self._grads_at_loss(knobs) else 0)
 
     def _grads_at_loss(self, knobs: Knobs) -> bool:
         return knobs.grad_accum_steps > 1

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from planner.errors import ConfigError
 from planner.model.config import AttentionImpl, Implementation, LossKind, ModelConfig, PositionKind, effective_loss
-from planner.model.families.moe.config import ExpertActivation
+from planner.model.families.moe.config import ExpertActivation, RouterScoring
 from planner.plan.parallel_dims import ParallelDims
 
 # the shortest share of a sequence a searched context-parallel degree leaves a rank: below it the
@@ -54,6 +54,10 @@ def check_tensor_parallel(model: ModelConfig, seq_len: int, dims: ParallelDims) 
                           f"use tp 1 (data parallelism) or implementation: reference")
     if model.mla is not None:
         raise ConfigError(f"parallel.tp: tensor parallelism of {model.name}'s multi-head latent attention is not "
+                          "modelled yet; use tp 1 (data parallelism, FSDP2)")
+    if model.fused_projections:
+        raise ConfigError(f"parallel.tp: {model.name}'s fused qkv_proj/gate_up_proj (Phi-3) would be split by columns "
+                          "across q, k, v and gate, up (transformers' plan gathers their outputs instead): not "
                           "modelled yet; use tp 1 (data parallelism, FSDP2)")
     if model.attention_sinks:
         raise ConfigError(f"parallel.tp: {model.name}'s attention sinks (one logit per head) are not sharded by the "
@@ -90,7 +94,8 @@ def check_moe_tensor_parallel(model: ModelConfig, tp: int) -> None:
                           f"aux_loss_coef 0 for {model.name}")
     if moe.expert_bias or moe.expert_activation is not ExpertActivation.SWIGLU:
         raise ConfigError(f"parallel.tp: tensor parallelism of {model.name}'s biased or interleaved gate_up experts "
-                          "(gpt-oss) is not modelled yet; use tp 1 (data and expert parallelism, FSDP2)")
+                          "(gpt-oss; Llama 4's fused ones) is not modelled yet; use tp 1 (data and expert parallelism, "
+                          "FSDP2)")
     for field, size in (("d_ff_expert", moe.d_ff_expert), ("shared_d_ff", moe.shared_d_ff)):
         if size % tp:
             raise ConfigError(f"parallel.tp: {tp} does not divide moe.{field} {size} of {model.name}; use a tp that "
@@ -132,3 +137,6 @@ def check_expert_parallel(model: ModelConfig, dims: ParallelDims) -> None:
     if model.moe.n_experts % ep:
         raise ConfigError(f"parallel.ep: {ep} does not divide the {model.moe.n_experts} experts of {model.name}; use an "
                           "ep that divides n_experts")
+    if model.moe.scoring is RouterScoring.TOPK_SIGMOID:
+        raise ConfigError(f"parallel.ep: expert parallelism of {model.name}'s experts, which take their rows already "
+                          "scaled by the router (Llama 4), is not modelled yet; use ep 1 (data parallelism, FSDP2)")

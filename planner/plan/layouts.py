@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from planner.errors import ConfigError
 from planner.model.config import ModelConfig, TrainConfig
+from planner.model.families.moe.config import RouterScoring
 from planner.plan.layout_rules import (
     MIN_CONTEXT_SHARD_TOKENS,
     check_context_parallel,
@@ -249,7 +250,7 @@ def expert_degrees(model: ModelConfig, gpus: int, fixed: int | None) -> tuple[in
             raise ConfigError(f"--ep: {fixed} does not divide the {model.moe.n_experts} experts of {model.name}; use a "
                               "divisor of them")
         return (fixed,)
-    if model.moe is None:
+    if model.moe is None or model.moe.scoring is RouterScoring.TOPK_SIGMOID:  # Llama 4's: check_expert_parallel
         return (1,)
     return tuple(ep for ep in range(1, gpus + 1) if gpus % ep == 0 and model.moe.n_experts % ep == 0)
 

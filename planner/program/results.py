@@ -31,6 +31,7 @@ class ModelSummary(BaseModel):
     family: str
     n_params: int
     config: ModelConfig
+    n_trainable_params: int | None = None  # a fine-tuning plan's adapters (None: every parameter trains)
 
 
 class PlanEntry(BaseModel):

@@ -280,9 +280,9 @@ def optimizer_time_s(
 ) -> tuple[float, float]:
     """(estimate, lower bound) of one optimizer step: memory-bound streaming of its state, in
     ``state_dtype`` (default: the graph's parameter dtype)."""
-    elements = graph.n_params * shard_fraction
+    elements = graph.n_trainable_params * shard_fraction  # frozen parameters are not stepped
     n_bytes = optimizer.traffic_elements_per_param * elements * (state_dtype or graph.precision.param_dtype).n_bytes
-    n_tensors = len(graph.param_tensors)
+    n_tensors = len(graph.trainable_tensors)
     if hw.kind is DeviceKind.CPU:
         # torch has no multi-tensor kernels on the CPU: _foreach_* ops loop over the tensors
         # (aten/src/ATen/native/ForeachOpsKernels.cpp, the "slow" path), and fused steps do too

@@ -54,6 +54,14 @@ def hf_config_for(model: ModelConfig) -> Any:
     if model.family is Family.QWEN3:
         assert model.qkv_bias == model.attn_out_bias and not model.mlp_bias  # one attention_bias switch
         return transformers.Qwen3Config(attention_bias=model.qkv_bias, head_dim=model.head_dim, **common)
+    if model.family is Family.GEMMA3_TEXT:
+        assert model.qkv_bias == model.attn_out_bias and not model.mlp_bias  # one attention_bias switch
+        return transformers.Gemma3TextConfig(
+            attention_bias=model.qkv_bias, head_dim=model.head_dim, sliding_window=model.sliding_window,
+            layer_types=[t.value for t in model.layer_types or ()] or None, **common)
+    if model.family is Family.PHI3:
+        assert not (model.qkv_bias or model.attn_out_bias or model.mlp_bias)  # Phi3Attention/Phi3MLP: no biases
+        return transformers.Phi3Config(sliding_window=model.sliding_window, **common)
     assert model.family is Family.QWEN2
     assert model.qkv_bias and not model.attn_out_bias and not model.mlp_bias
     return transformers.Qwen2Config(**common)

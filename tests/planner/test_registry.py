@@ -20,7 +20,8 @@ from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind
 from planner.precision import PrecisionPolicy, precision_spec
 from validate.reference_model import build_model
 
-FORMULA_MODULES = ("attention", "collectives", "elementwise", "embedding", "linear", "loss", "mla", "moe", "norm", "pipeline")
+FORMULA_MODULES = ("attention", "collectives", "elementwise", "embedding", "linear", "llama4", "loss", "mla", "moe", "norm", "scale",
+                   "pipeline")
 
 # Graph nodes of these kinds are modules of the reference model, named as torch names them.
 MODULE_KINDS = frozenset({

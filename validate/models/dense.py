@@ -44,6 +44,22 @@ class Fp32RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm (transformers 5.24.0 ``Gemma3RMSNorm``/``Gemma2RMSNorm``): in fp32, times
+    ``1 + w`` in fp32 (the weight starts at zero), cast back: ``planner.ops.gemma``."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._normed(x.float()).mul(1.0 + self.weight.float()).type_as(x)
+
+    def _normed(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
 class Attention(nn.Module):
     """Multi-head (grouped-query) attention: q, k, v (q/k normed: Qwen3, OLMo 2, OLMoE), rotary,
     the core, o_proj. The core and the rotary module are the reference model's (``core_type``,
@@ -55,29 +71,51 @@ class Attention(nn.Module):
         n, k, h, d = config.n_heads, config.kv_heads, config.head_dim, config.d_model
         self.head_dim = h
         eps = float(config.norm_eps or 1e-6)
-        self.q_proj = nn.Linear(d, n * h, bias=bool(config.qkv_bias))
-        # q/k norms (Qwen3: over each head's H; OLMoE: over all heads) in fp32, before rotary
-        qk = config.qk_norm or QkNorm.NONE
-        self.q_norm = Fp32RMSNorm(h if qk is QkNorm.HEAD else n * h, eps) if qk is not QkNorm.NONE else None
-        self.k_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
-        self.k_norm = Fp32RMSNorm(h if qk is QkNorm.HEAD else k * h, eps) if qk is not QkNorm.NONE else None
-        self.qk_per_head = qk is QkNorm.HEAD
-        self.v_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
+        # Phi-3 (transformers 5.24.0 Phi3Attention): one qkv_proj, its output sliced into q, k, v views
+        self.qkv_widths = (n * h, k * h, k * h) if config.fused_projections else None
+        if self.qkv_widths is not None:
+            self.qkv_proj = nn.Linear(d, (n + 2 * k) * h, bias=bool(config.qkv_bias))
+            self.q_norm: nn.Module | None = None
+            self.k_norm: nn.Module | None = None
+            self.qk_per_head = False
+        else:
+            self._separate_projections(config, eps)
         self.rotary = rotary_type() if config.positions is PositionKind.ROTARY else None
         self.core = core_type(config)
         self.o_proj = nn.Linear(n * h, d, bias=bool(config.attn_out_bias))
+
+    def _separate_projections(self, config: ModelConfig, eps: float) -> None:
+        """q_proj, [q_norm], k_proj, [k_norm], v_proj, registered in that order."""
+        n, k, h, d = config.n_heads, config.kv_heads, config.head_dim, config.d_model
+        self.q_proj = nn.Linear(d, n * h, bias=bool(config.qkv_bias))
+        # q/k norms (Qwen3: over each head's H; OLMoE: over all heads) in fp32, before rotary
+        qk = config.qk_norm or QkNorm.NONE
+        norm_type = GemmaRMSNorm if config.norm is NormKind.GEMMA_RMSNORM else Fp32RMSNorm  # Gemma 3's q/k norms
+        self.q_norm = norm_type(h if qk is QkNorm.HEAD else n * h, eps) if qk is not QkNorm.NONE else None
+        self.k_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
+        self.k_norm = norm_type(h if qk is QkNorm.HEAD else k * h, eps) if qk is not QkNorm.NONE else None
+        self.qk_per_head = qk is QkNorm.HEAD
+        self.v_proj = nn.Linear(d, k * h, bias=bool(config.qkv_bias))
 
     def project(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, N, T, H), k and v (B, K, T, H), with rotary applied to q and k."""
         split = "b t (n h) -> b n t h"
+        if self.qkv_widths is not None:
+            q, k, v = (rearrange(part, split, h=self.head_dim) for part in self._fused(self.qkv_proj(x)))
+            return self.rotary(q, k, *rope) + (v,) if self.rotary is not None and rope is not None else (q, k, v)
         q = rearrange(self._normed(self.q_proj(x), self.q_norm), split, h=self.head_dim)
         k = rearrange(self._normed(self.k_proj(x), self.k_norm), split, h=self.head_dim)
         v = rearrange(self.v_proj(x), split, h=self.head_dim)
         if self.rotary is not None and rope is not None:
             q, k = self.rotary(q, k, *rope)
         return q, k, v
+
+    def _fused(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v: column slices of the one qkv_proj output (views, as Phi3Attention slices them)."""
+        nq, nk, _ = self.qkv_widths or (0, 0, 0)
+        return qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
 
     def _normed(self, x: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
         """``x`` (B, T, heads H) through the q/k norm, over each head or over all of them."""
@@ -99,15 +137,27 @@ class Mlp(nn.Module):
         super().__init__()
         d, f, bias = config.d_model, config.d_ff, bool(config.mlp_bias)
         self.kind = config.mlp
-        self.gate_proj = nn.Linear(d, f, bias=bias) if self.kind is MlpKind.SWIGLU else None
-        self.up_proj = nn.Linear(d, f, bias=bias)
+        self.fused = bool(config.fused_projections)  # Phi3MLP: one gate_up_proj, its output halved into views
+        if self.fused:
+            self.gate_up_proj = nn.Linear(d, 2 * f, bias=bias)
+        gated = self.kind in (MlpKind.SWIGLU, MlpKind.GEGLU)  # GeGLU (Gemma): the tanh GELU of the gate
+        self.gate_proj: nn.Module | None = nn.Linear(d, f, bias=bias) if gated and not self.fused else None
+        self.up_proj: nn.Module | None = None if self.fused else nn.Linear(d, f, bias=bias)
         self.act = nn.SiLU() if self.kind is MlpKind.SWIGLU else nn.GELU(approximate="tanh")
         self.down_proj = nn.Linear(f, d, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self.down_proj(self._glu(self.gate_up_proj(x)))
+        assert self.up_proj is not None  # set whenever the projections are separate
         if self.gate_proj is not None:
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(self.act(self.up_proj(x)))
+
+    def _glu(self, fused: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of the halves of the one gate_up_proj output (views; the argument keeps it until the product)."""
+        f = fused.shape[-1] // 2
+        return self.act(fused[..., :f]) * fused[..., f:]
 
 
 def _common(model: ModelConfig) -> dict[str, Any]:

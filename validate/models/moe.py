@@ -17,7 +17,10 @@ softmax, or DeepSeek-V3's fp32 sigmoid, the chosen probabilities, renormalized i
 ``combine`` (weight each row, index_add into (N, D)); shared experts (a dense SwiGLU MLP on every
 token, optionally times ``sigmoid(shared_gate(x))``) are added last. gpt-oss's experts (biased,
 one interleaved ``gate_up_proj`` and ``validate.models.gpt_oss.ClampedSwiGLU``) replace the three
-matmuls with two ``baddbmm``; its router takes the softmax of the k chosen logits alone.
+matmuls with two ``baddbmm``; its router takes the softmax of the k chosen logits alone. Llama 4's
+(``RouterScoring.TOPK_SIGMOID``, transformers 5.24.0 ``Llama4TextMoe``) takes the fp32 sigmoid of
+the k chosen logits, multiplies each expert row by its weight BEFORE the experts (``scale``) and
+sums the experts' output rows unweighted (``gather``); its router runs (and registers) first.
 
 DeepSeek-V3's router (transformers 5.24.0 ``DeepseekV3TopkRouter``) chooses its experts by
 sigmoid score + ``e_score_correction_bias`` within the ``topk_group`` best of ``n_group`` groups;
@@ -98,16 +101,20 @@ class GroupedLinear(nn.Module):
 
 
 class Experts(nn.Module):
-    """E experts of inner size I over (E, C, D) rows: SwiGLU (gate_proj, up_proj, down_proj) or
-    gpt-oss's clamped SwiGLU (gate_up_proj, act, down_proj), biased if ``expert_bias``."""
+    """E experts of inner size I over (E, C, D) rows: SwiGLU (gate_proj, up_proj, down_proj),
+    gpt-oss's clamped SwiGLU (gate_up_proj, act, down_proj), biased if ``expert_bias``, or Llama 4's
+    halves of one gate_up_proj (gate_up_proj, down_proj)."""
 
     def __init__(self, moe: MoeConfig, d_model: int) -> None:
         super().__init__()
         e, i, bias = moe.n_experts, moe.d_ff_expert, moe.expert_bias
         self.clamped = moe.expert_activation is ExpertActivation.CLAMPED_SWIGLU
+        self.halves = moe.expert_activation is ExpertActivation.FUSED_SWIGLU  # Llama 4's gate_up_proj
         if self.clamped:
             self.gate_up_proj = GroupedLinear(e, d_model, 2 * i, bias)
             self.act = ClampedSwiGLU(moe.swiglu_alpha, moe.swiglu_limit)
+        elif self.halves:
+            self.gate_up_proj = GroupedLinear(e, d_model, 2 * i, bias)
         else:
             self.gate_proj = GroupedLinear(e, d_model, i, bias)
             self.up_proj = GroupedLinear(e, d_model, i, bias)
@@ -116,7 +123,16 @@ class Experts(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.clamped:
             return self.down_proj(self.act(self.gate_up_proj(h)))
+        if self.halves:
+            return self.down_proj(self._glu(self.gate_up_proj(h)))
         return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    @staticmethod
+    def _glu(gate_up: torch.Tensor) -> torch.Tensor:
+        """Llama 4 (``Llama4TextExperts``): ``up * silu(gate)`` of the halves of gate_up (views, the
+        ones ``chunk(2, dim=-1)`` gives; the argument keeps gate_up until the product)."""
+        i = gate_up.shape[-1] // 2
+        return F.silu(gate_up[..., :i]) * gate_up[..., i:]
 
 
 class SharedExpert(nn.Module):
@@ -145,8 +161,13 @@ class MoE(nn.Module):
         self.ep = ep
         self.ep_group: Any = None  # a ProcessGroup, set by validate.layout
         self.tp_group: Any = None  # under tensor parallelism (validate.moe_parallel): its ProcessGroup
+        # Llama 4 (scores into the experts' input): the router runs before the experts and registers first
+        self.scores_input = moe.scoring is RouterScoring.TOPK_SIGMOID
+        if self.scores_input:
+            self.router = nn.Linear(d_model, moe.n_experts, bias=moe.router_bias)
         self.experts = Experts(moe.model_copy(update={"n_experts": moe.n_experts // ep}), d_model)
-        self.router = nn.Linear(d_model, moe.n_experts, bias=moe.router_bias)
+        if not self.scores_input:
+            self.router = nn.Linear(d_model, moe.n_experts, bias=moe.router_bias)
         self.shared_expert = SharedExpert(d_model, moe.shared_d_ff) if moe.shared_d_ff else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if moe.shared_gate else None
         if moe.score_correction_bias:  # DeepSeek-V3's e_score_correction_bias: a buffer (E,) fp32, kept in fp32
@@ -179,6 +200,10 @@ class MoE(nn.Module):
             weights = torch.softmax(logits.reshape(n, moe.n_experts).gather(1, choice), dim=-1, dtype=torch.float32)
             order = torch.arange(n * moe.top_k, device=logits.device).view(self.rows(n), moe.n_experts).t().reshape(-1)
             return weights.view(-1).index_select(0, order)
+        if moe.scoring is RouterScoring.TOPK_SIGMOID:  # Llama 4: the k chosen logits' fp32 sigmoids, cast back
+            weights = torch.sigmoid(logits.reshape(n, moe.n_experts).gather(1, choice).float()).to(logits.dtype)
+            order = torch.arange(n * moe.top_k, device=logits.device).view(self.rows(n), moe.n_experts).t().reshape(-1)
+            return weights.view(-1).index_select(0, order)
         if moe.scoring is RouterScoring.SIGMOID:  # DeepSeek-V3: each expert's sigmoid, in fp32
             probs = torch.sigmoid(logits.float()).view(n, moe.n_experts)
         else:
@@ -201,6 +226,18 @@ class MoE(nn.Module):
         """The expert rows (E, C, D): each row a copy of its token."""
         b, t, d = x.shape
         return x.reshape(b * t, d).index_select(0, tokens).view(self.moe.n_experts, -1, d)
+
+    @staticmethod
+    def scale(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Llama 4: each expert row (E, C, D) times its routing weight, before the experts."""
+        return rows * weights.to(rows.dtype).view(rows.shape[0], -1, 1)
+
+    @staticmethod
+    def gather(out: torch.Tensor, tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """Llama 4: the (already weighted) rows summed into their tokens: (B, T, D)."""
+        d = out.shape[-1]
+        return torch.zeros(shape[0] * shape[1], d, dtype=out.dtype, device=out.device).index_add_(
+            0, tokens, out.view(-1, d)).view(shape)
 
     @staticmethod
     def combine(out: torch.Tensor, weights: torch.Tensor, tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -233,7 +270,13 @@ class MoE(nn.Module):
             x = x.to_local(grad_placements=(Partial(),))
         # one expression: only ``x`` and ``tokens`` (saved by dispatch and combine) are locals
         tokens = self.slots(x.shape[0] * x.shape[1], x.device)
-        if self.ep > 1:
+        if self.scores_input:  # Llama 4 (Llama4TextMoe): the rows scaled by their weights, summed unweighted
+            if self.ep > 1 or self.tp_group is not None:
+                raise ConfigError("moe.scoring: the top-k-then-sigmoid router (Llama 4) is validated without expert "
+                                  "or tensor parallelism; use ep 1 and tp 1")
+            y = self.gather(self.experts(self.scale(self.dispatch(x, tokens), self.route(self.router(x)))), tokens,
+                            x.shape)
+        elif self.ep > 1:
             out = self.home(self.experts(self.away(self.dispatch(x, tokens))))
             y = self.combine(out, self.route(replicated_linear(self.router, x, self.tp_group)), tokens, x.shape)
         else:

@@ -1,7 +1,8 @@
 """Read a transformers ``config.json`` as a ModelConfig: its ``model_type`` names the family whose
 reader reads it (``planner.model.families.registry.READERS``: model_type gpt2, llama, mistral,
 qwen2, qwen3, olmo2, and the mixture-of-experts mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3,
-gpt_oss); a few others are named and refused.
+gpt_oss, phi3, gemma2, gemma3_text, and a gemma3 file's text model); a few others would be named and
+refused (``REFUSED_TYPES``).
 
 Every problem is a ``ConfigError`` naming the file and key; keys a file may omit take
 transformers' own defaults for its model type (each reader's ``defaults``).
@@ -21,27 +22,13 @@ from planner.model.config import Family, ModelConfig
 from planner.model.families.fields import Shape
 from planner.model.families.fields import hf_bool as _hf_bool
 from planner.model.families.fields import hf_int as _hf_int
+from planner.model.families.gemma.reader import text_part as gemma3_text_part
+from planner.model.families.llama4.reader import text_part as llama4_text_part
 from planner.model.families.registry import HF_TYPES, READERS
 
 # Model types read far enough to say why they cannot be planned (transformers 5.24.0's
 # modeling_<type>.py): what each runs that the planner does not price.
-_GEMMA3 = ("not modelled yet: its sliding/global layer pattern with two RoPE bases, norms before and after "
-           "attention and MLP, q/k RMSNorm, the GeGLU (gelu tanh) MLP and the embedding scaled by sqrt(hidden_size); "
-           "describe it in a YAML model file with the fields the planner has, or plan another model")
-_LLAMA4 = ("not modelled yet: mixture-of-experts blocks interleaved with dense ones, chunked local attention "
-           "(attention_chunk_size) and no-RoPE layers; plan another model")
-REFUSED_TYPES: dict[str, str] = {
-    "phi3": ("not modelled yet: Phi3Attention's fused qkv_proj and Phi3MLP's fused gate_up_proj (one projection, "
-             "split into views) and partial_rotary_factor; plan it as a llama config.json of the same sizes for "
-             "an approximate answer"),
-    "gemma2": ("not modelled yet: attention and final logit soft-capping (tanh), norms before and after attention "
-               "and MLP, the GeGLU (gelu tanh) MLP, query_pre_attn_scalar and the sqrt(hidden_size)-scaled "
-               "embedding; plan another model"),
-    "gemma3": _GEMMA3,
-    "gemma3_text": _GEMMA3,
-    "llama4": _LLAMA4,
-    "llama4_text": _LLAMA4,
-}
+REFUSED_TYPES: dict[str, str] = {}
 
 
 def _checked_model_type(data: Any, context: str) -> str:
@@ -88,6 +75,10 @@ def model_from_hf_config(
 
     Everything comes from the file; keys it omits take transformers' defaults for its model type.
     """
+    if isinstance(data, Mapping) and data.get("model_type") == "llama4":  # the multimodal wrapper: its text model
+        data = llama4_text_part(data, context)
+    if isinstance(data, Mapping) and data.get("model_type") == "gemma3":  # the multimodal wrapper: its text model
+        data = gemma3_text_part(data, context)
     model_type = _checked_model_type(data, context)
     reader = READERS[model_type]
     defaults = reader.defaults[model_type]

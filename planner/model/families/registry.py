@@ -14,12 +14,16 @@ from typing import Any
 from planner.model.families.deepseek import reader as deepseek
 from planner.model.families.dense import reader as dense
 from planner.model.families.fields import FamilyReader, FamilySpec
+from planner.model.families.gemma import reader as gemma
 from planner.model.families.gpt_oss import reader as gpt_oss
+from planner.model.families.llama4 import reader as llama4
 from planner.model.families.moe import reader as moe
+from planner.model.families.phi3 import reader as phi3
 from planner.model.kinds import Family, NormPlacement
 
 # every family, in the order messages list their model types
-FAMILIES: tuple[FamilySpec, ...] = (dense.FAMILY, moe.FAMILY, deepseek.FAMILY, gpt_oss.FAMILY)
+FAMILIES: tuple[FamilySpec, ...] = (dense.FAMILY, moe.FAMILY, deepseek.FAMILY, gpt_oss.FAMILY, phi3.FAMILY, gemma.FAMILY,
+                                   llama4.FAMILY)
 
 READERS: dict[str, FamilyReader] = {
     model_type: reader for family in FAMILIES for reader in family.readers for model_type in reader.model_types

@@ -36,6 +36,10 @@ class RouterScoring(StrEnum):
     # gpt-oss (GptOssTopKRouter): the k largest logits, softmax over those k alone (norm_topk_prob is
     # moot: the k weights already sum to 1, and is ignored)
     TOPK_SOFTMAX = "topk-softmax"
+    # Llama 4 (Llama4Router, transformers 5.24.0): the k largest logits, each through an fp32 sigmoid
+    # (cast back), not renormalized; the scores multiply the experts' INPUT rows (Llama4TextMoe:
+    # routed_in = hidden * scores), and the experts' outputs are summed unweighted
+    TOPK_SIGMOID = "topk-sigmoid"
 
 
 class ExpertActivation(StrEnum):
@@ -46,6 +50,9 @@ class ExpertActivation(StrEnum):
     # (E, D, 2I) (even columns gate, odd up); gate clamped above at swiglu_limit, up to +-swiglu_limit;
     # (up + 1) * gate * sigmoid(swiglu_alpha * gate)
     CLAMPED_SWIGLU = "clamped-swiglu"
+    # Llama 4 (transformers 5.24.0 Llama4TextExperts): one gate_up_proj (E, D, 2I), gate its first half
+    # and up its second (views), up * silu(gate)
+    FUSED_SWIGLU = "fused-swiglu"
 
 
 class MoeConfig(BaseModel):
@@ -65,8 +72,9 @@ class MoeConfig(BaseModel):
     router_bias: bool = Field(default=False, description="the router linear has a bias (gpt-oss)")
     expert_bias: bool = Field(default=False, description="the experts' projections have biases (gpt-oss)")
     scoring: RouterScoring = Field(default=RouterScoring.SOFTMAX, description="softmax, sigmoid (DeepSeek-V3: "
-                                   "an fp32 sigmoid, chosen by score + e_score_correction_bias) or topk-softmax "
-                                   "(gpt-oss: softmax over the k largest logits)")
+                                   "an fp32 sigmoid, chosen by score + e_score_correction_bias), topk-softmax "
+                                   "(gpt-oss: softmax over the k largest logits) or topk-sigmoid (Llama 4: the k "
+                                   "largest logits' sigmoids, multiplied into the experts' input)")
     score_correction_bias: bool = Field(default=False, description="an (E,) fp32 buffer added to the scores the "
                                         "experts are chosen by (DeepSeek-V3's e_score_correction_bias); sigmoid only")
     n_group: PositiveInt = Field(default=1, description="expert groups for group-limited routing (DeepSeek-V3's n_group)")
@@ -75,7 +83,8 @@ class MoeConfig(BaseModel):
                                          "multiplied by it (DeepSeek-V3: 2.5); 1: no multiply")
     expert_activation: ExpertActivation = Field(
         default=ExpertActivation.SWIGLU, description="swiglu (gate_proj, up_proj, down_proj) or clamped-swiglu "
-        "(gpt-oss: one interleaved gate_up_proj, clamped, (up + 1) * gate * sigmoid(alpha gate), down_proj)")
+        "(gpt-oss: one interleaved gate_up_proj, clamped, (up + 1) * gate * sigmoid(alpha gate), down_proj) or "
+        "fused-swiglu (Llama 4: one gate_up_proj, its halves gate and up, up * silu(gate), down_proj)")
     swiglu_alpha: float = Field(default=1.702, gt=0.0, description="clamped-swiglu: the sigmoid's gain (alpha)")
     swiglu_limit: float = Field(default=7.0, gt=0.0, description="clamped-swiglu: the clamp on gate and up")
     first_dense_layers: NonNegativeInt = Field(
@@ -102,6 +111,10 @@ class MoeConfig(BaseModel):
         if self.scoring is RouterScoring.TOPK_SOFTMAX and self.routed_scaling_factor != 1.0:
             raise ValueError("moe.routed_scaling_factor: the top-k-then-softmax router (gpt-oss) has no scaling; "
                              "set it to 1")
+        if self.scoring is RouterScoring.TOPK_SIGMOID and (self.aux_loss_coef or self.norm_topk_prob
+                                                           or self.routed_scaling_factor != 1.0):
+            raise ValueError("moe.scoring: the top-k-then-sigmoid router (Llama 4) scales the experts' input by the "
+                             "k sigmoids as they are: set aux_loss_coef 0, norm_topk_prob false, routed_scaling_factor 1")
         if self.shared_gate and not self.shared_d_ff:
             raise ValueError("moe.shared_gate gates the shared experts: set moe.shared_d_ff too")
         self._check_groups()

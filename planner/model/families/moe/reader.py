@@ -8,7 +8,7 @@ Mapped from transformers 5.24.0's ``configuration_<type>.py`` and ``modeling_<ty
 
 - mixtral: every block's MLP is ``MixtralSparseMoeBlock``: a router (E x D, no bias), E SwiGLU
   experts of ``intermediate_size``, top-k weights always renormalized; attention is Mistral's (no
-  biases, ``head_dim`` honoured); ``sliding_window``, when set, windows every layer.
+  biases, ``head_dim`` honoured).
 - qwen2_moe: block i is sparse iff i is not in ``mlp_only_layers`` and (i + 1) %
   ``decoder_sparse_step`` == 0, else a dense MLP of ``intermediate_size``; a sparse block has E
   experts of ``moe_intermediate_size``, a shared expert of ``shared_expert_intermediate_size`` and
@@ -17,6 +17,12 @@ Mapped from transformers 5.24.0's ``configuration_<type>.py`` and ``modeling_<ty
   RMSNorm over each head's ``head_dim`` values of q and k (``q_norm``/``k_norm``, (H,) weights).
 - olmoe: every block sparse, E experts of ``intermediate_size``; ``attention_bias`` sets q, k, v
   and o; RMSNorm over all of q (D) and all of k (K D / N) before RoPE.
+
+Sliding windows (mixtral and olmoe ``sliding_window``, qwen2_moe ``use_sliding_window`` with its
+``layer_types``, qwen3_moe ``use_sliding_window``) are read as the dense types' are, by
+``planner.model.families.dense.windows`` (its docstring gives each type's rule): ``sliding_window``
+and ``layer_types``, priced as the reference model runs them (eager attention, the full square
+masked; flash refused once the window binds, ``ModelConfig.window_refusal``).
 
 The load-balancing loss is added to the loss (``router_aux_loss_coef`` x aux) only when the
 model's forward returns router logits, i.e. when the config's ``output_router_logits`` is true;
@@ -30,6 +36,7 @@ from typing import Any
 
 from planner.errors import ConfigError
 from planner.model.families.dense.reader import GATED_KEYS, gated_fields, gated_shape
+from planner.model.families.dense.windows import window_fields
 from planner.model.families.fields import FamilyReader, FamilySpec, Shape, hf_bool, hf_float, hf_int, refuse_rope_types
 from planner.model.families.moe.config import FILE_DEFAULTS, SECTIONS
 from planner.model.kinds import QkNorm
@@ -79,7 +86,7 @@ def moe_fields(
     """The ModelConfig fields a MoE config.json sets beyond the Llama-like ones (``d_ff`` is its
     ``intermediate_size``); a ConfigError naming the key for what the planner cannot express."""
     defaults = MOE_DEFAULTS[model_type]
-    _refuse_unmodelled(data, model_type, n_layers, context)
+    _refuse_unmodelled(data, model_type, context)
     if model_type in ("qwen2_moe", "qwen3_moe") and "num_key_value_heads" in data and data["num_key_value_heads"] is None:
         raise ConfigError(f"{context}: num_key_value_heads: null is rejected by transformers' {_CLASSES[model_type]}"
                           "Config (no MHA fallback); give the number of KV heads")
@@ -126,8 +133,9 @@ def moe_fields(
 def _fields(
     data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], shape: Shape, context: str
 ) -> dict[str, Any]:
-    """A MoE type's ModelConfig fields: the Llama-like ones, then its own."""
+    """A MoE type's ModelConfig fields: the Llama-like ones, its sliding windows, then its own."""
     fields = gated_fields(data, model_type, defaults, context)
+    fields.update(window_fields(data, model_type, shape.n_layers, context))  # as the dense types' (dense.windows)
     fields.update(moe_fields(data, model_type, n_layers=shape.n_layers, d_model=shape.d_model, n_heads=shape.n_heads,
                              d_ff=shape.d_ff, context=context))
     return fields
@@ -152,32 +160,10 @@ def _sparse_layout(data: Mapping[str, Any], n_layers: int, context: str) -> tupl
                       "0, 1, ... there")
 
 
-def _refuse_unmodelled(data: Mapping[str, Any], model_type: str, n_layers: int, context: str) -> None:
+def _refuse_unmodelled(data: Mapping[str, Any], model_type: str, context: str) -> None:
     """One line naming the key, for what transformers would run but the planner cannot price."""
     refuse_rope_types(data, context, (None, "default"), "(the planner prices plain RoPE)",
                       "remove {key} or set its rope_type to default")
-    window_hint = "sliding-window attention is not modelled yet; "
-    if model_type in ("mixtral", "olmoe") and data.get("sliding_window") is not None:
-        # MixtralAttention windows every layer; OlmoeAttention hands it to the attention kernel
-        raise ConfigError(f"{context}: sliding_window: {data['sliding_window']!r}: {window_hint}set it to null to "
-                          "plan full causal attention")
-    if model_type == "qwen2_moe":
-        layer_types = data.get("layer_types")
-        if layer_types is not None:
-            if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
-                raise ConfigError(f"{context}: layer_types: only full_attention layers are modelled ({window_hint}"
-                                  "drop layer_types or list full_attention only)")
-        elif hf_bool(data, "use_sliding_window", context, False):
-            # Qwen2MoeConfig: layer i slides iff use_sliding_window and i is even and i < max_window_layers
-            max_window = data.get("max_window_layers")
-            max_window = MOE_DEFAULTS["qwen2_moe"]["max_window_layers"] if max_window is None else max_window
-            if isinstance(max_window, bool) or not isinstance(max_window, int):
-                raise ConfigError(f"{context}: max_window_layers: expected an integer, got {max_window!r}")
-            if any(i % 2 == 0 and i < max_window for i in range(n_layers)):
-                raise ConfigError(f"{context}: use_sliding_window: {window_hint}set it to false")
-    if model_type == "qwen3_moe" and hf_bool(data, "use_sliding_window", context, False):
-        if data.get("sliding_window", MOE_DEFAULTS["qwen3_moe"]["sliding_window"]) is not None:
-            raise ConfigError(f"{context}: use_sliding_window: {window_hint}set it to false")
     if model_type == "mixtral" and hf_float(data, "router_jitter_noise", context, 0.0):
         raise ConfigError(f"{context}: router_jitter_noise: the router's input jitter (a noise tensor per block in "
                           "training) is not modelled; set it to 0")

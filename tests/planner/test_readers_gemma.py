@@ -1,0 +1,170 @@
+"""Gemma 2 and Gemma 3 (model_type gemma2, gemma3_text, gemma3's text model; issue 21): norms before
+and after each branch (Gemma RMSNorm, times 1 + w), the GeGLU MLP, query_pre_attn_scalar, per-head
+q/k norms (Gemma 3), sliding/global layers with two RoPE bases (Gemma 3), the embedding scaled by
+sqrt(D), tied embeddings; soft-capping refused. The reader field by field, parameters exactly
+transformers 5.24.0's (meta device), FLOPs equal to FlopCounterMode and the peak within 1% of the
+live-storage tracker over the reference model.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import pytest
+
+from hardware.registry import load_hardware
+from planner.errors import ConfigError, ConfigWarning
+from planner.graph.params import count_params, param_tensors
+from planner.model.config import AttentionImpl, Family, LayerType, MlpKind, NormKind, NormPlacement, QkNorm
+from planner.model.families.config_json import model_from_hf_config
+from planner.model.sources import load_preset, resolve
+from planner.plan.knobs import Knobs
+from planner.program.estimate import estimate
+
+HW = load_hardware("h100-sxm")
+
+# google/gemma-3-12b-pt (https://huggingface.co/google/gemma-3-12b-pt/blob/main/config.json)
+GEMMA3_12B: dict[str, Any] = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+    "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {"hidden_size": 3840, "intermediate_size": 15360, "model_type": "gemma3_text",
+                    "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": False},
+}
+GEMMA3_12B_PARAMS = 11_766_034_176  # transformers 5.24.0's Gemma3ForCausalLM of its text_config, meta device
+
+_NO_TOKENS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+GEMMA3 = {"model_type": "gemma3_text", "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 48, "intermediate_size": 344, "vocab_size": 512,
+          "max_position_embeddings": 256, "sliding_window": 32, "sliding_window_pattern": 2,
+          "query_pre_attn_scalar": 32, **_NO_TOKENS}
+GEMMA2 = {**{k: v for k, v in GEMMA3.items() if k != "sliding_window_pattern"}, "model_type": "gemma2",
+          "attn_logit_softcapping": None, "final_logit_softcapping": None}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "gemma3": GEMMA3,
+    "gemma3, window 64, untied, biases": {**GEMMA3, "sliding_window": 64, "tie_word_embeddings": False,
+                                           "attention_bias": True},
+    "gemma2": GEMMA2,
+}
+
+
+def hf_count(data: dict[str, Any]) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**copy.deepcopy(data)))
+    return sum(p.numel() for p in net.parameters())
+
+
+def test_gemma3_12b_text_model_and_the_vision_tower_warning() -> None:
+    with pytest.warns(ConfigWarning, match="text model .* is planned; the SigLIP vision tower .* not"):
+        model = model_from_hf_config(GEMMA3_12B, "gemma3-12b")
+    assert model.family is Family.GEMMA3_TEXT
+    assert (model.n_layers, model.d_model, model.n_heads, model.kv_heads, model.head_dim, model.d_ff,
+            model.vocab_size, model.max_seq_len) == (48, 3840, 16, 8, 256, 15360, 262208, 131072)
+    assert (model.norm, model.norm_placement, model.mlp, model.qk_norm) == (
+        NormKind.GEMMA_RMSNORM, NormPlacement.SANDWICH, MlpKind.GEGLU, QkNorm.HEAD)
+    assert model.tie_embeddings and model.scale_embeddings and not (model.qkv_bias or model.mlp_bias)
+    assert (model.rope_theta, model.rope_local_theta, model.query_pre_attn_scalar, model.norm_eps) == (
+        1e6, 1e4, 256.0, 1e-6)
+    assert model.sliding_window == 1024 and model.layer_types is not None
+    assert [b for b, t in enumerate(model.layer_types) if t is LayerType.FULL] == list(range(5, 48, 6))
+    assert count_params(model) == GEMMA3_12B_PARAMS  # transformers' own: test_param_counts.py builds the preset's
+
+
+def test_preset_is_its_published_config() -> None:
+    preset = load_preset("gemma3-12b")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        read = model_from_hf_config(GEMMA3_12B, "gemma3-12b")
+    assert preset.model.model_dump(exclude={"activation"}) == read.model_dump(exclude={"activation"})
+    assert preset.training is not None and preset.model.window_refusal(preset.training.seq_len) is None
+
+
+def test_gemma2_defaults_and_eager_attention() -> None:
+    model = model_from_hf_config(GEMMA2)
+    assert model.family is Family.GEMMA2 and model.attention is AttentionImpl.EAGER  # no SDPA path in transformers
+    assert model.qk_norm is QkNorm.NONE and model.rope_local_theta is None and not model.local_rope
+    assert model.layer_types == (LayerType.SLIDING, LayerType.FULL)  # every 2nd layer full
+
+
+def test_omitted_keys_take_transformers_defaults() -> None:
+    transformers = pytest.importorskip("transformers")
+    data = {"model_type": "gemma3_text", "num_hidden_layers": 7, "hidden_size": 256, "num_attention_heads": 8,
+            "intermediate_size": 96, "vocab_size": 100}
+    model = model_from_hf_config(data)
+    config = transformers.AutoConfig.for_model(**data)
+    assert (model.max_seq_len, model.norm_eps, model.kv_heads, model.head_dim, model.tie_embeddings) == (
+        config.max_position_embeddings, config.rms_norm_eps, config.num_key_value_heads, config.head_dim,
+        config.tie_word_embeddings)
+    assert (model.sliding_window, model.query_pre_attn_scalar) == (config.sliding_window, config.query_pre_attn_scalar)
+    assert [t.value for t in model.layer_types or ()] == config.layer_types
+    assert (model.rope_theta, model.rope_local_theta) == (config.rope_parameters["full_attention"]["rope_theta"],
+                                                          config.rope_parameters["sliding_attention"]["rope_theta"])
+
+
+@pytest.mark.parametrize(("data", "key"), [
+    ({**GEMMA2, "attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ({**GEMMA2, "final_logit_softcapping": None, "attn_logit_softcapping": None, "model_type": "gemma2",
+      "hidden_activation": "gelu"}, "hidden_activation"),
+    ({k: v for k, v in GEMMA2.items() if k != "final_logit_softcapping"}, "final_logit_softcapping"),
+    ({**GEMMA3, "use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ({**GEMMA3, "attention_dropout": 0.1}, "attention_dropout"),
+    ({**GEMMA3, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+])
+def test_what_is_not_priced_is_refused_in_one_line(data: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        model_from_hf_config(data)
+    message = str(excinfo.value)
+    assert key in message and "\n" not in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize("case", list(VARIANTS))
+def test_counts_equal_transformers_and_reference(case: str) -> None:
+    torch = pytest.importorskip("torch")
+    from validate.reference_model import build_model
+
+    model = model_from_hf_config(VARIANTS[case])
+    with torch.device("meta"):
+        reference = build_model(model)
+    assert count_params(model) == hf_count(VARIANTS[case]) == sum(p.numel() for p in reference.parameters())
+    assert list(param_tensors(model)) == [n for n, _ in reference.named_parameters()]
+
+
+# measured: -0.08% to -0.36% of the tracker
+CASES = [("gemma3", "eager", "fp32", ()), ("gemma3, window 64, untied, biases", "flash", "bf16-mixed", (0,)),
+         ("gemma2", "eager", "bf16-mixed", (0, 1))]
+
+
+@pytest.mark.parametrize(("case", "attention", "precision", "blocks"), CASES,
+                         ids=["gemma3-eager-fp32", "gemma3-flash-bf16-mixed-ckpt0", "gemma2-bf16-mixed-ckpt-all"])
+def test_planner_matches_pytorch(case: str, attention: str, precision: str, blocks: tuple[int, ...]) -> None:
+    """Peak within 1% of the tracker, FLOPs (recompute included) equal."""
+    pytest.importorskip("torch")
+    from validate.simulate import simulate_step
+
+    model, training = resolve(VARIANTS[case], seq_len=64, global_batch_size=2, attention=attention)
+    knobs = Knobs(micro_batch_size=2, precision=precision, checkpoint_blocks=blocks)
+    predicted = estimate(model, training, HW, knobs)
+    measured = simulate_step(model, training, knobs)
+    assert predicted.memory.peak_allocated_bytes == pytest.approx(measured.peak_allocated_bytes, rel=0.01)
+    assert predicted.hardware_flops_per_step == pytest.approx(measured.flops_per_step, rel=1e-9)
+
+
+@pytest.mark.parametrize("case", ["gemma3", "gemma2"])
+def test_flops_equal_flop_counter_on_transformers(case: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from validate.flops import transformers_training_flops
+
+    data = VARIANTS[case]
+    model, training = resolve(data, seq_len=32, global_batch_size=2, attention="eager")
+    planned = estimate(model, training, HW, Knobs(micro_batch_size=2, precision="fp32")).model_flops_per_step
+    assert planned == pytest.approx(transformers_training_flops(data, 32, 2), rel=1e-9)
