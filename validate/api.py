@@ -12,6 +12,7 @@ from hardware.errors import ConfigError
 from hardware.registry import load_hardware
 from planner.model.config import Implementation, LossKind, effective_loss
 from planner.program.results import PlanResult
+from validate.lora import simulate_lora
 from validate.report import ValidationReport
 from validate.run import run, simulate
 from validate.simulate import Progress
@@ -50,13 +51,18 @@ def validate(
         plan = PlanResult.load(plan)  # refuses a file whose fields contradict each other
     else:
         plan.check_consistent()
-    if plan.model.config.finetune is not None:  # peft cannot inject adapters under fake tensors (validate.lora)
-        raise ConfigError("validate: a fine-tuning plan is measured on CPU tensors by validate.lora (measure_reference, "
-                          "measure_hf; tests/validate/test_lora_memory.py), not by validate yet")
     try:
         requested = RequestedMode(mode)
     except ValueError:
         raise ConfigError(f"--mode: {mode!r} is not a mode; use auto, simulate or run") from None
+    if plan.model.config.finetune is not None:  # peft cannot inject adapters under fake tensors (validate.lora)
+        if (requested is RequestedMode.RUN or device == "cuda" or recorder is not None
+                or implementation not in (None, Implementation.REFERENCE.value)
+                or plan.model.config.implementation is not Implementation.REFERENCE):
+            raise ConfigError("validate: a LoRA plan is measured with --mode simulate (peft's adapters on the reference "
+                              "model, real CPU tensors); --mode run, --device cuda, --implementation hf and the "
+                              "recorded files are not wired for it yet")
+        return simulate_lora(plan)
     impl = _implementation(plan, implementation)
     if recorder is not None:
         check_recordable(plan, impl)

@@ -15,6 +15,7 @@ CUDA only.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -22,16 +23,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hardware.errors import ConfigError
 from planner.finetune.config import FinetuneConfig
 from planner.finetune.lora import lora_targets
 from planner.graph.blocks import describe
 from planner.model.config import ModelConfig, TrainConfig
 from planner.plan.knobs import Knobs
 from planner.precision import precision_spec
+from planner.program.results import PlanResult
 from validate.apply import configure_model, make_optimizer, make_scaler, param_dtype, train_step
 from validate.flops import flop_counter
 from validate.reference_model import build_model
-from validate.simulate import steady_state_knobs
+from validate.report import Figures, Mode, ValidationReport
+from validate.run import _predicted, build_report
+from validate.simulate import shortened_step_note, steady_state_knobs
 from validate.tracker import LiveStorageTracker, rounded_bytes
 
 
@@ -53,7 +58,11 @@ def peft_targets(model: ModelConfig, finetune: FinetuneConfig) -> list[str]:
 
 def inject_lora(net: nn.Module, finetune: FinetuneConfig, targets: list[str] | str) -> nn.Module:
     """peft's adapters on ``net`` (in place); only they require grad."""
-    from peft import LoraConfig, inject_adapter_in_model
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError:
+        raise ConfigError("validate: measuring a LoRA plan runs peft's adapters; install it: "
+                          "python -m pip install peft") from None
 
     config = LoraConfig(r=finetune.rank, lora_alpha=finetune.alpha, lora_dropout=finetune.dropout,
                         target_modules=targets)
@@ -140,3 +149,32 @@ def measure_hf(model: ModelConfig, training: TrainConfig, knobs: Knobs, seed: in
     ids = torch.randint(0, model.vocab_size, (knobs.micro_batch_size * knobs.grad_accum_steps, training.seq_len))
     with as_a_gpu_runs_it(net, spec.autocast_dtype is not None, _fused(model)):
         return _measure(net, optimizer, lambda k: hf_step(net, optimizer, ids, k, spec, scaler), knobs, [ids])
+
+
+# The largest base a LoRA plan is measured with: peft runs on real CPU tensors here, so its weights,
+# the adapters' state and the activations take host memory (a tiny or small model, not a 7B one).
+MAX_MEASURED_PARAM_BYTES = 2 * 2**30
+
+
+def simulate_lora(plan: PlanResult) -> ValidationReport:
+    """``validate --mode simulate`` of a LoRA plan: the reference model with peft's adapters, one
+    steady-state step on real CPU tensors under the live-storage tracker and FlopCounterMode (peft
+    cannot run under fake tensors: module docstring), against the plan's peak and hardware FLOPs."""
+    model, training, knobs = plan.model.config, plan.training, plan.best.knobs
+    if knobs.parallel.world_size > 1:
+        raise ConfigError(f"validate: LoRA plans are measured on one GPU; this plan uses {knobs.parallel.world_size}")
+    param_bytes = plan.best.estimate.n_params * param_dtype(precision_spec(knobs.precision)).itemsize
+    if param_bytes > MAX_MEASURED_PARAM_BYTES:
+        raise ConfigError(
+            f"validate: a LoRA plan is measured with peft on real CPU tensors (peft cannot inject adapters under fake "
+            f"tensors), and this model's weights take {param_bytes / 2**30:.1f} GiB, over the "
+            f"{MAX_MEASURED_PARAM_BYTES / 2**30:.0f} GiB measured here; validate a smaller model file with the same "
+            "finetune: section")
+    measured = measure_reference(model, training, knobs)
+    expected = _predicted(plan.best.estimate).model_copy(update={"step_time_s": None, "tokens_per_s": None})
+    notes = ("simulate (LoRA): peft's adapters on the reference model, one step on real CPU tensors under the "
+             "live-storage tracker (peft cannot run under fake tensors); AdamW's host-side step counters left out, "
+             "as on a GPU; FLOPs compared as hardware FLOPs (recomputation included)",) + shortened_step_note(knobs)
+    return build_report(plan, Mode.SIMULATE, f"cpu (real tensors, {os.cpu_count()} cores)", 1, expected,
+                        Figures(peak_allocated_bytes=measured.peak_allocated_bytes,
+                                model_flops_per_step=measured.flops_per_step), fits=True, notes=notes)

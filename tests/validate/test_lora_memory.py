@@ -10,12 +10,16 @@ on transformers' Llama 3 8B built on the meta device.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
+from hardware.errors import ConfigError  # noqa: E402
 from hardware.registry import load_hardware  # noqa: E402
+from planner.finetune.config import FinetuneConfig  # noqa: E402
 from planner.graph.params import count_params, count_trainable_params  # noqa: E402
 from planner.model.config import ModelConfig, TrainConfig  # noqa: E402
 from planner.model.sources import resolve  # noqa: E402
@@ -101,12 +105,18 @@ def test_trainable_parameters_match_peft_on_transformers_llama() -> None:
         assert sum(p.numel() for p in net.parameters()) == count_params(model)
 
 
-def test_validate_refuses_a_lora_plan_in_one_line() -> None:
-    from planner.errors import ConfigError
+def test_validate_measures_a_lora_plan_with_peft(tmp_path: Path) -> None:
+    """`validate plan.json` on a LoRA plan: peft's adapters on the reference model, one step on CPU
+    tensors (fake tensors cannot hold peft's adapters), its peak and FLOPs against the plan's; the
+    modes it cannot run yet are one line."""
     from roofplan import api
-    from validate.api import validate
 
-    model, training = api.load_model("tiny-llama", finetune="lora")
-    plan = api.plan(model, training, "h100-sxm", micro_batch_size=2, precisions=["fp32"], checkpoint="none")
-    with pytest.raises(ConfigError, match="a fine-tuning plan is measured on CPU tensors by validate.lora"):
-        validate(plan, mode="simulate")
+    model, training = api.load_model("tiny-llama", global_batch_size=4)
+    model = model.model_copy(update={"finetune": FinetuneConfig(method="lora", rank=8, target_modules=("q_proj", "v_proj"))})
+    plan = api.plan(model, training, "h100-sxm", micro_batch_size=2, precisions=["bf16-mixed"], checkpoint="none")
+    path = plan.save(tmp_path / "lora.json")
+    report = api.validate(path, mode="simulate")
+    assert report.verdict == "pass"
+    assert abs(report.errors["peak_allocated"]) < 0.01 and report.errors["model_flops"] == pytest.approx(0, abs=1e-9)
+    with pytest.raises(ConfigError, match="a LoRA plan is measured with --mode simulate"):
+        api.validate(path, mode="run", device="cpu")
