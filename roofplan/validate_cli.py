@@ -56,12 +56,26 @@ def _check_arguments(args: argparse.Namespace) -> None:
     from roofplan.exports import check_export_paths
 
     check_export_paths(args)  # --memory-snapshot, --trace: before anything runs
+    from roofplan.validate_exports import check_recorded_paths
+
+    check_recorded_paths(args.plan, args.memory_snapshot, args.trace)
     for flag, value in (("--compare-rows", args.compare_rows), ("--compare-depth", args.compare_depth)):
         if value <= 0:
             raise ConfigError(f"{flag}: must be positive, got {value}")
-    if args.compare and args.mode == "run" and args.device != "cpu":
+    if args.compare and args.mode != "simulate" and args.device != "cpu" and _runs_on_a_gpu(args.mode):
         raise ConfigError("--compare: on a GPU the snapshot is the caching allocator's, without modules or "
                           "categories; compare with --mode simulate (or --mode run --device cpu)")
+
+
+def _runs_on_a_gpu(mode: str) -> bool:
+    """Whether ``mode`` (run, or auto with a CUDA device present) measures on a GPU."""
+    if mode == "run":
+        return True
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def _import_api():  # noqa: ANN202
@@ -95,11 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = api.validate(plan, mode=args.mode, device=args.device, steps=args.steps, hardware=args.hardware,
                                   progress=progress, implementation=args.implementation, recorder=recorder)
         written, comparison = [], None
-        if recorder is not None:
+        if recorder is not None:  # the report is kept whatever happens to the files
             from roofplan.validate_exports import memory_comparison, write_recorded
 
-            written = write_recorded(plan, recorder, args.memory_snapshot, args.trace)
-            comparison = memory_comparison(plan, recorder, args.compare_depth) if args.compare else None
+            try:
+                written = write_recorded(plan, recorder, args.memory_snapshot, args.trace)
+                comparison = memory_comparison(plan, recorder, args.compare_depth) if args.compare else None
+            except PlannerError as error:
+                written.append(f"not written: {error}")
     except PlannerError as error:
         if error.exit_code == 0:  # a non-zero torchrun rank: rank 0 prints the report
             return 0
@@ -118,8 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_report(report, output_console())
         if comparison is not None:
             print_comparison(comparison, args.compare_rows, output_console())
-        for line in written:
-            print(f"written: {line}")
+        for line in written:  # a file that could not be written says so in its own words
+            print(line if line.startswith(("not written", "nothing measured")) else f"written: {line}")
     return 0 if report.passed else 1
 
 

@@ -31,6 +31,24 @@ def predicted_path(path: str | Path) -> Path:
     return target.with_name(f"{target.stem}.predicted{target.suffix}")
 
 
+def check_recorded_paths(plan_path: str, snapshot: str | None, trace: str | None) -> None:
+    """Refuse, before anything runs, a destination that would overwrite the plan file or another file
+    this run writes (the predicted ones beside each included), or that cannot be written."""
+    import os
+
+    targets: dict[Path, str] = {Path(plan_path).resolve(): "the plan file"}
+    for flag, path in (("--memory-snapshot", snapshot), ("--trace", trace)):
+        if path is None:
+            continue
+        for target, what in ((Path(path), flag), (predicted_path(path), f"{flag}'s predicted file")):
+            resolved = target.resolve()
+            if resolved in targets:
+                raise ConfigError(f"{flag}: {target} would overwrite {targets[resolved]}; give another file name")
+            targets[resolved] = what
+            if target.exists() and not os.access(target, os.W_OK) or not os.access(target.parent, os.W_OK):
+                raise ConfigError(f"{flag}: cannot write {target} (no permission); give a writable path")
+
+
 def write_recorded(plan: PlanResult, recorder: MemoryRecorder, snapshot: str | None, trace: str | None) -> list[str]:
     """Write the measured files asked for and the predicted ones beside them; ``"what: path"`` each."""
     from roofplan.export_snapshot import write_memory_snapshot, write_snapshot_dict

@@ -95,7 +95,7 @@ def check_recordable(plan: PlanResult, impl: Implementation) -> None:
     if impl is not Implementation.REFERENCE or plan.model.config.implementation is not Implementation.REFERENCE:
         raise ConfigError(f"{RECORDED}: recorded for the reference model priced for it; this plan is priced for "
                           f"{plan.model.config.implementation.value} and runs {impl.value} (plan with "
-                          "--implementation reference)")
+                          "--implementation reference, and validate without --implementation hf)")
 
 
 def _validate_pipeline(plan: PlanResult, impl: Implementation, mode: RequestedMode, device: str | None,

