@@ -113,12 +113,45 @@ def gemm_shape_factor(shape: GemmShape, half_dim: float) -> float:
     return math.prod(d / (d + half_dim) for d in (shape.m, shape.n, shape.k))
 
 
+def _nearest(curves: list[AttentionCurve], head_dim: int) -> AttentionCurve | None:
+    if not curves:
+        return None
+    return min(curves, key=lambda c: (abs(math.log2(c.head_dim) - math.log2(head_dim)), c.head_dim))
+
+
 def pick_curve(curves: tuple[AttentionCurve, ...], kernel: AttentionKernel, causal: bool, head_dim: int,
                direction: Direction) -> AttentionCurve | None:
     """The curve of this kernel and causality in this direction (else the forward+backward one),
-    at the nearest head dim; None when the profile has none."""
+    at the nearest head dim; else one derived from the other causality's curve in this direction
+    (``_other_causality``); None when the profile has none of these."""
     for wanted in (direction, Direction.FWD_BWD):
-        found = [c for c in curves if c.kernel is kernel and c.causal == causal and c.direction is wanted]
-        if found:
-            return min(found, key=lambda c: (abs(math.log2(c.head_dim) - math.log2(head_dim)), c.head_dim))
-    return None
+        found = _nearest([c for c in curves if c.kernel is kernel and c.causal == causal and c.direction is wanted],
+                         head_dim)
+        if found is not None:
+            return found
+    return _other_causality(curves, kernel, causal, head_dim, direction)
+
+
+def _other_causality(curves: tuple[AttentionCurve, ...], kernel: AttentionKernel, causal: bool, head_dim: int,
+                     direction: Direction) -> AttentionCurve | None:
+    """A direction published for one causality only (cuDNN's H100 backward: non-causal bars alone,
+    docs/kernel_benchmarks.md 2.4): that curve times the kernel's forward ratio of this causality to
+    the other at each length, both forward curves published (the causal penalty taken to be the
+    same in both directions, an assumption the derived curve's source states)."""
+    if direction is not Direction.BWD:  # a forward ratio needs both forward curves: only the backward is derived
+        return None
+
+    def one(c: bool, d: Direction) -> AttentionCurve | None:
+        return _nearest([x for x in curves if x.kernel is kernel and x.causal == c and x.direction is d], head_dim)
+
+    other, fwd_this, fwd_other = one(not causal, direction), one(causal, Direction.FWD), one(not causal, Direction.FWD)
+    if other is None or fwd_this is None or fwd_other is None:
+        return None
+    tflops = tuple(round(t * fwd_this.flops_per_s(n) / fwd_other.flops_per_s(n), 1)
+                   for n, t in zip(other.seq_lens, other.tflops, strict=True))
+    which = "causal" if causal else "non-causal"
+    return AttentionCurve(kernel=kernel, direction=direction, causal=causal, head_dim=other.head_dim,
+                          seq_lens=other.seq_lens, tflops=tflops,
+                          source=f"derived: the published {'non-causal' if causal else 'causal'} {direction.value} "
+                                 f"curve x the {which}/other forward ratio at each length (no {which} "
+                                 f"{direction.value} figure is published; {other.source})")

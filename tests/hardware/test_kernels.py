@@ -208,3 +208,24 @@ def test_the_transcribed_flash2_backward_agrees_with_the_published_forward_and_t
         as_causal = 3.5 / (1 / causal_fwd.flops_per_s(seq) + 2.5 / bwd.flops_per_s(seq))
         worst_as_causal = max(worst_as_causal, abs(as_causal / causal_total.flops_per_s(seq) - 1))
     assert worst_as_causal > 0.15
+
+
+def test_a_backward_published_for_one_causality_is_derived_for_the_other() -> None:
+    """cuDNN's H100 backward is published non-causal only (docs/kernel_benchmarks.md 2.4): the causal
+    backward is that curve times cuDNN's causal/non-causal forward ratio at each length, well under
+    the large-GEMM rate it fell back to before; a kernel with no backward curve at all still falls back."""
+    from hardware.kernels import pick_curve
+
+    h100 = load_hardware("h100-sxm")
+    causal = pick_curve(h100.attention_curves, AttentionKernel.CUDNN, True, 128, Direction.BWD)
+    plain = pick_curve(h100.attention_curves, AttentionKernel.CUDNN, False, 128, Direction.BWD)
+    fwd_c = pick_curve(h100.attention_curves, AttentionKernel.CUDNN, True, 128, Direction.FWD)
+    fwd_n = pick_curve(h100.attention_curves, AttentionKernel.CUDNN, False, 128, Direction.FWD)
+    assert causal is not None and plain is not None and fwd_c is not None and fwd_n is not None
+    assert causal.source.startswith("derived") and causal.causal
+    for n in (512, 4096, 16384):
+        ratio = fwd_c.flops_per_s(n) / fwd_n.flops_per_s(n)
+        assert causal.flops_per_s(n) == pytest.approx(plain.flops_per_s(n) * ratio, rel=1e-3)
+        assert causal.flops_per_s(n) < 0.7 * h100.achievable_flops_per_s(ComputePrecision.BF16)
+    assert pick_curve(load_hardware("a100-sxm-80gb").attention_curves, AttentionKernel.CUDNN, True, 128,
+                      Direction.BWD) is None
