@@ -67,7 +67,7 @@ def _free_bytes(heap: SnapshotHeap, category: Category, n_bytes: int) -> int:
 
 def _where(moment: Moment) -> str:
     where = f"{moment.op}: {moment.event}" if moment.event else moment.op
-    when = moment.phase.value if moment.phase is Phase.OPTIMIZER else f"{moment.phase.value}, micro-batch {moment.micro_batch}"
+    when = moment.phase.value if moment.phase is Phase.OPTIMIZER else f"{moment.phase.value}, micro-batch {moment.micro_batch + 1}"
     return f"{where} [{when}]"
 
 

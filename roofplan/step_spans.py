@@ -362,7 +362,7 @@ def _samples(rank: _Rank, segment: Segment | None, ops: dict[tuple[int, str, str
             n = seen.get(k, 0)
             seen[k] = n + 1
             last = max(last, a + (b - a) * n / counts[k])
-        memory.append(MemorySample(rank.index, last, e.live_bytes, f"{e.phase.value} {e.op} (micro-batch {e.micro_batch})"))
+        memory.append(MemorySample(rank.index, last, e.live_bytes, f"{e.phase.value} {e.op} (micro-batch {e.micro_batch + 1})"))
 
 
 def _key(e: TraceEvent) -> tuple[int, str, str]:

@@ -124,7 +124,7 @@ def test_snapshot_renders_with_torch_memory_viz(results: dict[str, Any], case: s
     assert "TOTAL MEM" in memory_viz.trace(snap)
     assert "params:0:start" in memory_viz.memory(snap, format_flamegraph=str)  # held to the step's end
     names = {f["name"] for e in snap["device_traces"][0] for f in e["frames"]}
-    assert any(n.startswith("blocks.") and ".attn.q_proj [forward, micro-batch 0]" in n for n in names), sorted(names)[:5]
+    assert any(n.startswith("blocks.") and ".attn.q_proj [forward, micro-batch 1]" in n for n in names), sorted(names)[:5]
 
 
 def test_cli_writes_the_three_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

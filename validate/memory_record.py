@@ -208,7 +208,7 @@ class MemoryRecorder:
         category = self._category(phase, module)
         when = phase.value if phase is not None else "between phases"
         if phase is not Phase.OPTIMIZER and phase is not None:
-            when += f", micro-batch {self._micro_batch}"
+            when += f", micro-batch {self._micro_batch + 1}"
         block = self.heap.alloc(n_bytes, category, module, f"{module or '(model)'}: {self._op} [{when}]")
         self._allocs[key] = _Alloc(block, phase, self._stack[-1][1] if len(self._stack) > 1 else 0)
 

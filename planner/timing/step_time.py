@@ -107,7 +107,7 @@ def rank_timeline(schedule: Schedule, forward_s: float, backward_s: float, optim
             waits: tuple[str, ...] = ()
             for event in group:
                 waits = _event_tasks(tasks, event, waits, forward_s, backward_s, optimizer_s, collectives)
-            name = f"micro-batch {group[0].micro_batch}" if group[0].phase is not Phase.OPTIMIZER else "optimizer"
+            name = f"micro-batch {group[0].micro_batch + 1}" if group[0].phase is not Phase.OPTIMIZER else "optimizer"
             segments.append(run_segment(name, tuple(tasks), slowdown, group[0].repeats))
             group.clear()
 

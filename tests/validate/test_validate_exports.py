@@ -84,7 +84,7 @@ def test_measured_snapshot_loads_in_memory_viz_and_peaks_at_the_tracker(recorded
     assert "segments: 1" in memory_viz.segsum(snap)
     assert "params:0:start (params before the step)" in memory_viz.memory(snap, format_flamegraph=str)
     frames = {(f["filename"], f["name"]) for e in snap["device_traces"][0] for f in e["frames"]}  # the fp32 grad: autocast
-    assert ("measured/grads", "blocks.1.mlp.up_proj: aten._to_copy.default [backward, micro-batch 0]") in frames
+    assert ("measured/grads", "blocks.1.mlp.up_proj: aten._to_copy.default [backward, micro-batch 1]") in frames
     assert any(f == "measured/activations" and n.startswith("blocks.0.attn.q_proj: ") for f, n in frames)
     predicted = pickle.loads((folder / "measured.predicted.pickle").read_bytes())  # beside it
     assert _replayed_peak(predicted) == report["predicted"]["peak_allocated_bytes"]
