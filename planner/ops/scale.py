@@ -1,7 +1,10 @@
 """The two elementwise ops peft's LoRA forward adds (peft 0.21.2, ``src/peft/tuners/lora/layer.py``,
 ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``, then
 ``result = result + lora_B(lora_A(dropout(x))) * scaling``): the input cast to the adapters' dtype
-and the scale by ``alpha / rank``."""
+and the scale by ``alpha / rank``. ``SCALE`` also prices Gemma's scaled embedding (transformers 5.24.0
+``models/gemma3/modeling_gemma3.py`` ``Gemma3TextScaledWordEmbedding.forward``: ``embedding(ids) *
+self.embed_scale``, a 0-dim buffer of sqrt(hidden_size) cast to the weight's dtype; Gemma 2 multiplies
+by a ``torch.tensor`` normalizer the same way): a scalar factor, so nothing of size is saved either."""
 
 from __future__ import annotations
 
