@@ -7,10 +7,10 @@ live-storage tracker over the reference model.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
+from reader_checks import assert_counts_match, assert_matches_pytorch
 
 from hardware.registry import load_hardware
 from planner.errors import ConfigError
@@ -49,14 +49,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "partial_rotary_factor": 1.0},
     "longrope": {**TINY, "rope_scaling": {**_LONGROPE, "partial_rotary_factor": 0.5}},
 }
-
-
-def hf_count(data: dict[str, Any]) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    with torch.device("meta"):
-        net = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**copy.deepcopy(data)))
-    return sum(p.numel() for p in net.parameters())
 
 
 def test_phi3_mini() -> None:
@@ -116,14 +108,7 @@ def test_published_count_equals_transformers() -> None:
 
 @pytest.mark.parametrize("case", list(VARIANTS))
 def test_counts_equal_transformers_and_reference(case: str) -> None:
-    torch = pytest.importorskip("torch")
-    from validate.reference_model import build_model
-
-    model = model_from_hf_config(VARIANTS[case])
-    with torch.device("meta"):
-        reference = build_model(model)
-    assert count_params(model) == hf_count(VARIANTS[case]) == sum(p.numel() for p in reference.parameters())
-    assert list(param_tensors(model)) == [n for n, _ in reference.named_parameters()]
+    model = assert_counts_match(VARIANTS[case])
     assert "blocks.0.attn.qkv_proj.weight" in param_tensors(model)
 
 
@@ -136,15 +121,8 @@ CASES = [("gqa, partial rotary", "flash", "fp32", ()), ("gqa, partial rotary", "
                          ids=["partial-fp32", "partial-bf16-mixed-ckpt0", "window-eager-bf16-mixed-ckpt-all"])
 def test_planner_matches_pytorch(case: str, attention: str, precision: str, blocks: tuple[int, ...]) -> None:
     """Peak within 1% of the tracker, FLOPs (recompute included) equal."""
-    pytest.importorskip("torch")
-    from validate.simulate import simulate_step
-
     model, training = resolve(VARIANTS[case], seq_len=64, global_batch_size=2, attention=attention)
-    knobs = Knobs(micro_batch_size=2, precision=precision, checkpoint_blocks=blocks)
-    predicted = estimate(model, training, HW, knobs)
-    measured = simulate_step(model, training, knobs)
-    assert predicted.memory.peak_allocated_bytes == pytest.approx(measured.peak_allocated_bytes, rel=0.01)
-    assert predicted.hardware_flops_per_step == pytest.approx(measured.flops_per_step, rel=1e-9)
+    assert_matches_pytorch(model, training, Knobs(micro_batch_size=2, precision=precision, checkpoint_blocks=blocks))
 
 
 @pytest.mark.parametrize("case", ["gqa, partial rotary", "mha, tied, window"])
