@@ -42,10 +42,13 @@ def rmsnorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
 
     Saved for backward: x (by ``pow`` and the first ``mul``), rstd (B, T, 1) and the normalised
     ``x * rstd`` (B, T, D) (by the weight ``mul``). ``x^2`` is freed after the mean. Backward
-    runs one autograd node per op: the weight ``mul``'s node consumes the output gradient (freed
-    once it returns, with the saved ``x * rstd``); at the peak, in ``pow``'s node, the first
-    input-gradient term and the mean, pow and product gradients exist: two (B, T, D) tensors
-    beyond the output gradient and input gradient the walk counts.
+    runs one autograd node per op: the weight ``mul``'s node is the output gradient's last reader
+    (freed when the node returns, as the saved ``x * rstd`` is, unless the gradient is shared: a
+    post-norm block's branch norm takes the residual stream's, which its add passes to both inputs);
+    at the peak, in ``pow``'s node, the first input-gradient term, the mean's gradient, ``x^1``,
+    its scaled copy and their product exist beside x: five (B, T, D) tensors, counted as the input
+    gradient, the saved ``x * rstd`` (freed by then, standing in for one) and three transients;
+    a shared output gradient is alive beside them (the walk frees an unshared one first).
 
     A frozen weight (a fine-tuning plan's base): the weight ``mul`` saves ``x * rstd`` only for
     the weight's gradient (``mul.Tensor`` in torch 2.13's derivatives.yaml, each operand saved
@@ -66,7 +69,8 @@ def rmsnorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         bwd_bytes_moved=10 * u,
         fwd_kernels=6,
         bwd_kernels=9,
-        bwd_transient_bytes=2 * u,
+        bwd_transient_bytes=3 * u,
+        releases_output_grad=True,
         param_numel=sum(p.numel for p in spec.params),
         param_dtype=ctx.precision.param_dtype,
     )
