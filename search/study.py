@@ -322,6 +322,8 @@ def _read_outcome(
     if best is None:
         steps.stage("nothing fits: finding the smallest plan")
         closest = entry(smallest_plan(model, training, hw, space, on_progress=steps.on_progress).knobs)
+        if closest.estimate.memory.fits:  # the sampler missed every plan that fits; the smallest one does
+            best, closest = closest, None
     stats = SearchStats(
         sampler=options.sampler.value,
         n_trials=len(trials),

@@ -182,3 +182,17 @@ def test_more_gpus_can_need_more_memory_per_gpu() -> None:
     assert four < six and eight <= four
     found = fewest_gpus(model, training, HW, four, precisions, start=4)
     assert found is not None and found[0] == 8
+
+
+def test_a_smallest_plan_that_fits_is_the_answer_when_the_sampler_missed_every_one(monkeypatch) -> None:  # noqa: ANN001
+    """When no trial fits, the smallest plan is found over the whole space; if it fits the cap, the
+    sampler missed every plan that fits, and that plan is returned rather than "nothing fits"
+    (llama4-scout on 64 GPUs with eager attention: the default search found none, the smallest
+    plan needed 80.8 of 85.5 GB)."""
+    import search.study
+    from roofplan import api
+
+    monkeypatch.setattr(search.study, "_a_plan_that_fits", lambda trial: False)  # a sampler that found nothing
+    model, training = api.load_model("tiny-llama", global_batch_size=8)
+    result = api.plan(model, training, "h100-sxm", "4GB", n_trials=5)
+    assert result.best is not None and result.best.estimate.memory.fits
