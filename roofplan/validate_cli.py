@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from hardware.errors import PlannerError
+from hardware.errors import ConfigError, PlannerError
 from roofplan.cli_support import OneLineParser, StageProgress, check_flag_sizes, ends_quietly, output_console
 
 
@@ -62,20 +62,12 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for flag, value in (("--compare-rows", args.compare_rows), ("--compare-depth", args.compare_depth)):
         if value <= 0:
             raise ConfigError(f"{flag}: must be positive, got {value}")
-    if args.compare and args.mode != "simulate" and args.device != "cpu" and _runs_on_a_gpu(args.mode):
-        raise ConfigError("--compare: on a GPU the snapshot is the caching allocator's, without modules or "
-                          "categories; compare with --mode simulate (or --mode run --device cpu)")
+    if args.compare and args.mode == "run" and args.device != "cpu":
+        raise ConfigError(COMPARE_ON_A_GPU)
 
 
-def _runs_on_a_gpu(mode: str) -> bool:
-    """Whether ``mode`` (run, or auto with a CUDA device present) measures on a GPU."""
-    if mode == "run":
-        return True
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+COMPARE_ON_A_GPU = ("--compare: on a GPU the snapshot is the caching allocator's, without modules or categories; "
+                    "compare with --mode simulate (or --mode run --device cpu)")
 
 
 def _import_api():  # noqa: ANN202
@@ -100,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_arguments(args)
         plan = PlanResult.load(args.plan)
         api = _import_api()
+        if args.compare and args.mode == "auto" and args.device != "cpu" and api.auto_runs_on_a_gpu():
+            raise ConfigError(COMPARE_ON_A_GPU)  # before the run: a GPU run's snapshot cannot be compared
         recorder = None
         if args.memory_snapshot or args.trace or args.compare:
             from validate.memory_record import MemoryRecorder

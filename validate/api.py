@@ -86,6 +86,11 @@ def validate(
     return run(plan, device=device or "cuda", steps=steps, profile=profile, progress=progress, recorder=recorder)
 
 
+def auto_runs_on_a_gpu() -> bool:
+    """Whether ``--mode auto`` runs the plan on a GPU here (it does when torch sees CUDA)."""
+    return bool(torch.cuda.is_available())
+
+
 def check_recordable(plan: PlanResult, impl: Implementation) -> None:
     """What the recorded files cover: one GPU, the reference model, priced for it (else one line)."""
     gpus = plan.best.knobs.parallel.world_size

@@ -64,7 +64,8 @@ def inject_lora(net: nn.Module, finetune: FinetuneConfig, targets: list[str] | s
         raise ConfigError("validate: measuring a LoRA plan runs peft's adapters; install it: "
                           "python -m pip install peft") from None
 
-    config = LoraConfig(r=finetune.rank, lora_alpha=finetune.alpha, lora_dropout=finetune.dropout,
+    config = LoraConfig(r=finetune.rank, lora_alpha=finetune.alpha,  # type: ignore[arg-type]  # peft: int, used as a number
+                        lora_dropout=finetune.dropout,
                         target_modules=targets)
     return inject_adapter_in_model(config, net)
 
