@@ -139,7 +139,7 @@ class StageModel(nn.Module):
                 x = self._run_blocks(first, first, x, rope, (causal, window))
             at += last - first + 1
         if self.lm_head is not None and self.final_norm is not None:
-            x = self.lm_head(self.final_norm(x))
+            x = Transformer._logits(self, x)  # type: ignore[arg-type]  # soft-capped where Gemma 2 caps them
         return x
 
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from planner.model.config import AttentionImpl, ModelConfig, NormKind, NormPlacement, PositionKind
 from validate.models.deepseek import MlaAttention
-from validate.models.dense import Attention, GemmaRMSNorm, Mlp
+from validate.models.dense import Attention, GemmaRMSNorm, Mlp, softcap
 from validate.models.llama4 import Llama4Attention
 from validate.models.moe import MoE
 
@@ -103,6 +103,7 @@ class AttentionCore(nn.Module):
         # Gemma: query_pre_attn_scalar^-0.5 (transformers' Gemma2/Gemma3Attention.scaling)
         self.scale = 1.0 / math.sqrt(config.query_pre_attn_scalar or config.head_dim)
         self.sdpa_scale = self.scale if config.query_pre_attn_scalar else None  # None: SDPA's 1/sqrt(q's head dim)
+        self.softcap = config.attn_logit_softcapping  # Gemma 2: c tanh(s / c) of the eager scores, before the mask
         # gpt-oss's attention sinks: a learned logit per head, a column beside every row of scores
         self.sinks = nn.Parameter(torch.empty(config.n_heads)) if config.attention_sinks else None
         if self.sinks is not None and self.sinks.device.type != "meta":
@@ -138,6 +139,8 @@ class AttentionCore(nn.Module):
             if mask is None:
                 raise ValueError("eager attention needs the causal mask")
             scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+            if self.softcap is not None:
+                scores = softcap(scores, self.softcap)
             scores = scores.masked_fill(mask, float("-inf"))
             if self.sinks is not None:  # the sink column joins each row (transformers' gpt-oss eager attention)
                 b, n, t, _ = scores.shape
@@ -326,10 +329,19 @@ class Transformer(nn.Module):
                 x = self._run_blocks(index, index, x, rope, (causal, window))
                 index += 1
         # one expression: the low-precision logits are freed as soon as their fp32 copy exists
-        loss = F.cross_entropy(self.lm_head(self.final_norm(x)).float().flatten(0, 1), targets.flatten())
+        loss = F.cross_entropy(self._logits(x).float().flatten(0, 1), targets.flatten())
         for moe in moes:
             moe.aux_sink = None
         return sum(aux_losses, loss)  # the MoE blocks' load-balancing losses, if any
+
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits of the final hidden states, soft-capped where the model caps them
+        (Gemma 2's ``final_logit_softcapping``: ``c * tanh(z / c)``, ``Gemma2ForCausalLM.forward``)."""
+        cap = self.config.final_logit_softcapping
+        if cap is None:
+            return self.lm_head(self.final_norm(x))
+        return softcap(self.lm_head(self.final_norm(x)), cap)  # z dies at its division, as transformers' rebinding
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype | None = None, ep: int = 1) -> Transformer:

@@ -138,6 +138,8 @@ def _mha_ops(m: ModelConfig, b: int, normed: str, rope: str | None, mask: str | 
                                       "attention_kernel": m.attention_kernel}
     if m.window(b) is not None:  # priced as the kernel runs it (planner.ops.attention)
         core_fields["window"] = m.window(b)
+    if m.attn_logit_softcapping is not None and eager:  # Gemma 2: c tanh(s / c) of the scores (planner.ops.attention)
+        core_fields["softcap"] = True
     sinks: tuple[ParamTensor, ...] = ()
     if m.attention_sinks:  # gpt-oss: one sink logit per head, owned by the core
         core_fields["sinks"] = True
@@ -207,6 +209,8 @@ def describe(model: ModelConfig) -> ModelDesc:
     tied = bool(m.tie_embeddings)
     logits = add(_linear("lm_head", None, x, m.d_model, m.vocab_size, False, TpRole.VOCAB, owns=not tied,
                          shared=embed_param if tied else None))
+    if m.final_logit_softcapping is not None:  # Gemma 2: c tanh(z / c) of the logits (planner.ops.gemma)
+        logits = add(_simple("logits_softcap", OpKind.LOGIT_SOFTCAP, None, logits, tp=TpRole.LOCAL))
     # the graph builder casts low-precision logits to fp32 before the loss (``.float()``)
     loss = add(OpDesc(name="loss", kind=OpKind.CROSS_ENTROPY, inputs=(logits,), tp=TpRole.VOCAB))
     for shared in (rope, rope_local, mask, window_mask):  # locals of Transformer.forward: alive for the whole forward

@@ -280,4 +280,4 @@ def _holds(desc: ModelDesc, g: _Builder) -> dict[str, str]:
     return holds
 
 
-LOGITS_NODES = frozenset({"lm_head", "logits_cast", "loss"})
+LOGITS_NODES = frozenset({"lm_head", "logits_softcap", "logits_cast", "loss"})  # logits_softcap: Gemma 2

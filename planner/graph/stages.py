@@ -119,8 +119,10 @@ def _shared(graph: LayerGraph, before: list[str], ran: set[str]) -> set[str]:
 
 
 def _logits(graph: LayerGraph) -> str:
-    """The last stage's output: what its module returns before the schedule's loss (the LM head's)."""
-    heads = [name for name in graph.order if graph.ops[name].spec.kind is OpKind.LINEAR and graph.block_of[name] is None]
+    """The last stage's output: what its module returns before the schedule's loss (the LM head's,
+    or Gemma 2's soft-capped logits)."""
+    heads = [name for name in graph.order if graph.ops[name].spec.kind in (OpKind.LINEAR, OpKind.LOGIT_SOFTCAP)
+             and graph.block_of[name] is None]
     return heads[-1]
 
 

@@ -15,6 +15,7 @@ from hardware.stack import DEFAULT_STACK, Stack
 from planner.finetune.config import FinetuneConfig
 from planner.model.checks import shape_problems, with_family_defaults
 from planner.model.families.deepseek.config import MlaConfig
+from planner.model.families.gemma.config import softcap_problems
 from planner.model.families.llama4.config import Llama4Config
 from planner.model.families.moe.config import MoeConfig
 from planner.model.families.registry import MOE_FAMILIES
@@ -127,6 +128,12 @@ class ModelConfig(BaseModel):
     attention_sinks: bool | None = Field(
         default=None, description="a learned logit per head (its (N,) parameter) joins every row of scores before "
         "the softmax and its probability is dropped after (gpt-oss); eager attention only")
+    attn_logit_softcapping: float | None = Field(
+        default=None, gt=0, description="attention scores soft-capped, c * tanh(s / c), before the mask (Gemma 2's "
+        "attn_logit_softcapping): three (B, N, T, T) elementwise ops, tanh's output saved; eager attention only")
+    final_logit_softcapping: float | None = Field(
+        default=None, gt=0, description="logits soft-capped, c * tanh(z / c), before the loss (Gemma 2's "
+        "final_logit_softcapping): three (B, T, V) elementwise ops, tanh's output saved; the plain loss only")
     attention: AttentionImpl = Field(default=AttentionImpl.FLASH, description="flash (fused SDPA) or eager")
     attention_kernel: AttentionKernel | None = Field(
         default=None,
@@ -167,6 +174,9 @@ class ModelConfig(BaseModel):
                             "or norm_placement: pre")
         problems.extend(self._phi3_problems())
         problems.extend(self._llama4_problems())
+        problems.extend(softcap_problems(self.attn_logit_softcapping, self.final_logit_softcapping,
+                                         self.attention.value, effective_loss(self).value,
+                                         self.implementation.value))
         if problems:
             raise ValueError("; ".join(problems))
         return self

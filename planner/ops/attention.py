@@ -1,4 +1,5 @@
-"""Attention: rotary embedding and the attention core (fused SDPA "flash" or eager).
+"""Attention: the attention core (fused SDPA "flash", eager, or a ring under context parallelism);
+rotary embedding is ``planner.ops.rotary``.
 
 FLOPs follow FlopCounterMode's SDPA formulas (torch/utils/flop_counter.py ``sdpa_flop_count``):
 forward = QK^T + PV = 2 * (2*B*N*T*T*H), the full T x T square (no causal discount);
@@ -16,6 +17,7 @@ from hardware.kernels import AttentionShape
 from planner.errors import ConfigError
 from planner.ops.base import AllocSequence, CollectiveCall, LayerCost, LayerSpec, MeshDim, OpContext, OpKind, TensorInfo
 from planner.ops.elementwise import promote
+from planner.ops.gemma import softcap_forward
 from planner.ops.registry import register
 
 
@@ -28,46 +30,6 @@ def _attention_flops(spec: LayerSpec, ctx: OpContext) -> float:
 def _v_dim(spec: LayerSpec) -> int:
     """The value heads' size: ``v_head_dim`` where set (MLA), else the query/key head dim."""
     return spec.v_head_dim or spec.head_dim
-
-
-@register(OpKind.ROTARY)
-def rotary_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
-    """RoPE on q (B, N, T, H) and k (B, K, T, H): ``x*cos + cat(-x2, x1)*sin`` (Su et al. 2021).
-
-    Output q_rot and k_rot (new tensors). Saves only cos and sin (the ``mul`` by a tensor that
-    needs no grad saves that tensor); under autocast they are first cast to the low dtype, one
-    small copy each per block. Inside, per tensor: x*cos, -x2, cat, cat*sin, sum: three tensors
-    of the size of x coexist at the peak.
-
-    Partial rotary (``out_features`` R of ``in_features`` H dims per head rotated; transformers
-    5.24.0 ``models/phi3/modeling_phi3.py`` ``apply_rotary_pos_emb``): the same on the (.., R)
-    view ``x[..., :R]``, then ``cat([rotated, x[..., R:]], -1)``: a new (.., H) tensor, the
-    rotated part freed after it.
-    """
-    q, k, rope = ctx.inputs
-    dtype = promote(q.dtype, k.dtype)
-    out = TensorInfo(numel=q.numel + k.numel, dtype=dtype)
-    u_q, u_k = q.n_bytes, k.n_bytes
-    partial = 0 < spec.out_features < spec.in_features
-    seq = AllocSequence()
-    for x in (u_q, u_k):
-        u = x // spec.in_features * spec.out_features if partial else x  # the rotated part's bytes
-        seq.alloc(u).alloc(u // 2).alloc(u).free(u // 2).alloc(u).free(u).alloc(u).free(2 * u)
-        if partial:
-            seq.alloc(x).free(u)
-    casts_tables = rope.dtype != dtype
-    table_copies = (rope.numel // 2 * dtype.n_bytes,) * 2 if casts_tables else ()
-    return LayerCost(
-        output=out,
-        saves_inputs=(False, False, not casts_tables),
-        saved_extra_bytes=table_copies,
-        fwd_transient_bytes=seq.transient_over(out.n_bytes),
-        bwd_transient_bytes=2 * max(u_q, u_k),
-        fwd_bytes_moved=9 * (u_q + u_k),
-        bwd_bytes_moved=10 * (u_q + u_k),
-        fwd_kernels=10,
-        bwd_kernels=12,
-    )
 
 
 def _refuse_binding_window(spec: LayerSpec, seq_len: int) -> None:
@@ -141,6 +103,7 @@ class _EagerSizes(NamedTuple):
     sinks: bool
     autocast: bool
     dropout: bool
+    softcap: bool = False
 
 
 def _eager_forward(z: _EagerSizes) -> tuple[AllocSequence, list[int]]:
@@ -149,6 +112,9 @@ def _eager_forward(z: _EagerSizes) -> tuple[AllocSequence, list[int]]:
     operand, s_bytes, p_bytes = z.operand, z.s_bytes, z.p_bytes
     extras = [operand, operand]  # q and k operand copies
     seq = AllocSequence().alloc(2 * operand).alloc(s_bytes).alloc(s_bytes).free(s_bytes)  # q k^T, * s
+    if z.softcap:  # Gemma 2: c * tanh(s / c) (planner.ops.gemma), tanh's output saved
+        softcap_forward(seq, s_bytes, saved=True)
+        extras.append(s_bytes)
     seq.alloc(s_bytes).free(s_bytes)  # masked_fill
     logits = s_bytes
     if z.sinks:
@@ -182,7 +148,10 @@ def _eager_unsaved_forward(z: _EagerSizes, out_bytes: int) -> AllocSequence:
     probs_in = s_bytes if z.autocast else p_bytes  # the storage the second matmul (or dropout) reads
     logits = z.cat_bytes if z.sinks else s_bytes
     bare = AllocSequence().alloc(2 * operand).alloc(s_bytes).free(2 * operand)  # q k^T; copies die
-    bare.alloc(s_bytes).free(s_bytes).alloc(s_bytes).free(s_bytes)  # * scale, masked_fill
+    bare.alloc(s_bytes).free(s_bytes)  # * scale
+    if z.softcap:
+        softcap_forward(bare, s_bytes, saved=False)
+    bare.alloc(s_bytes).free(s_bytes)  # masked_fill
     if z.sinks:
         bare.alloc(z.cat_bytes).free(s_bytes)
     if z.autocast:
@@ -220,6 +189,15 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     columns (its saved output is T + 1 wide) and its last column is sliced off (a view; under
     autocast the low-precision copy is T wide). FLOPs are unchanged (FlopCounterMode counts the
     two matmuls).
+
+    Soft-capped scores (``spec.softcap``, Gemma 2's ``attn_logit_softcapping``; transformers
+    5.24.0 ``models/gemma2/modeling_gemma2.py`` ``eager_attention_forward``: ``s / c``, ``tanh``,
+    ``* c`` after the scaling, before the mask): three more (B, N, T, T) tensors of the scores'
+    dtype, each freeing the one before; tanh's output is saved (``tanh_backward`` reads the
+    result; division and product by a Python float save only the scalar), one more T x T tensor
+    held to the backward (``planner.ops.gemma.softcap_forward``). Its backward (grad * c,
+    ``tanh_backward``, / c) runs after the softmax's, when the probabilities are gone: no new
+    peak. No FLOPs.
     """
     *qkv, _mask = ctx.inputs  # the shared causal (or window) mask: saved, owned by its producer
     dtype = promote(*(t.dtype for t in qkv))
@@ -234,7 +212,8 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
     p_dtype = DType.FP32 if low is not None else dtype
     p_bytes = bnt * cols * p_dtype.n_bytes  # softmax's output
     drop = spec.dropout > 0
-    sizes = _EagerSizes(operand, scores, s_bytes, cat_bytes, p_bytes, spec.sinks, low is not None, drop)
+    sizes = _EagerSizes(operand, scores, s_bytes, cat_bytes, p_bytes, spec.sinks, low is not None, drop, spec.softcap)
+    capped = 3 if spec.softcap else 0  # Gemma 2's soft-capping: three elementwise kernels each way
     seq, extras = _eager_forward(sizes)
     out = TensorInfo(numel=bnt * h, dtype=dtype)
     final = sum(extras) + out.n_bytes
@@ -246,10 +225,10 @@ def eager_attention_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         bwd_input_flops=2 * flops,
         # the full square is computed, then masked: priced with the math path's non-causal rates
         attention=AttentionShape(seq_len=ctx.seq_len, head_dim=spec.head_dim, causal=False, fused=False),
-        fwd_bytes_moved=io_bytes + 4 * operand + (4 + 2 * n_tt) * s_bytes + 2 * cat_bytes,
-        bwd_bytes_moved=2 * io_bytes + 4 * operand + (6 + 2 * n_tt) * s_bytes + 2 * cat_bytes,
-        fwd_kernels=8 + (1 if drop else 0) + (1 if spec.sinks else 0),
-        bwd_kernels=10 + (1 if drop else 0) + (2 if spec.sinks else 0),
+        fwd_bytes_moved=io_bytes + 4 * operand + (4 + 2 * n_tt + 2 * capped) * s_bytes + 2 * cat_bytes,
+        bwd_bytes_moved=2 * io_bytes + 4 * operand + (6 + 2 * n_tt + 7 * capped // 3) * s_bytes + 2 * cat_bytes,
+        fwd_kernels=8 + (1 if drop else 0) + (1 if spec.sinks else 0) + capped,
+        bwd_kernels=10 + (1 if drop else 0) + (2 if spec.sinks else 0) + capped,
         matmul=True,
         output=out,
         saves_inputs=tuple(False for _ in qkv) + (True,),

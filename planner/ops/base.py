@@ -68,6 +68,8 @@ class OpKind(StrEnum):
     # fine-tuning (planner.finetune, planner.ops.scale)
     SCALE = "scale"  # x * a Python float (a LoRA adapter's output times alpha / rank)
     ADAPTER_CAST = "adapter_cast"  # x.to(the adapters' dtype) (peft's _cast_input_dtype); none when equal
+    # Gemma 2 (planner.ops.gemma)
+    LOGIT_SOFTCAP = "logit_softcap"  # c * tanh(z / c) of the logits before the loss (final_logit_softcapping)
 
 
 class OpVariant(StrEnum):
@@ -162,6 +164,7 @@ class LayerSpec(BaseModel):
     attention_kernel: AttentionKernel | None = None  # the fused kernel named by the model; None: the device's
     window: int = 0  # sliding-window attention (and its mask): keys each query sees; 0: full causal
     sinks: bool = False  # attention sinks: a learned logit per head beside each row of scores (gpt-oss)
+    softcap: bool = False  # eager attention: scores soft-capped, c * tanh(s / c), before the mask (Gemma 2)
     group_size: int = 1  # collectives and sharded ops: ranks of the parallel group
     ranks_per_node: int = 1  # of those, how many share a node (NVLink) with this rank
     params: tuple[ParamTensor, ...] = ()

@@ -18,6 +18,7 @@ from planner.ops import (  # noqa: F401  (registers them; impl_*: other implemen
     moe,
     norm,
     pipeline,
+    rotary,
     scale,
 )
 from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind

@@ -7,13 +7,22 @@
 
 run by the reference model as ``validate.models.dense.GemmaRMSNorm`` on every norm of a Gemma
 block, the final norm and the per-head q/k norms. No matmul FLOPs.
+
+Gemma 2's soft-capping (``models/gemma2/modeling_gemma2.py``): ``Gemma2ForCausalLM.forward``
+caps the logits before the loss (``final_logit_softcapping``, ``LOGIT_SOFTCAP`` here) and
+``eager_attention_forward`` the scores before the mask (``attn_logit_softcapping``, priced inside
+the eager core, ``planner.ops.attention``, with ``softcap_forward``)::
+
+    logits = logits / self.config.final_logit_softcapping
+    logits = torch.tanh(logits)
+    logits = logits * self.config.final_logit_softcapping
 """
 
 from __future__ import annotations
 
 from hardware.dtypes import DType
-from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind, OpVariant, TensorInfo
-from planner.ops.registry import register_variant
+from planner.ops.base import AllocSequence, LayerCost, LayerSpec, OpContext, OpKind, OpVariant, TensorInfo
+from planner.ops.registry import register, register_variant
 
 _FP32 = DType.FP32
 
@@ -53,4 +62,47 @@ def gemma_rmsnorm_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
         bwd_kernels=10,
         param_numel=sum(p.numel for p in spec.params),
         param_dtype=ctx.precision.param_dtype,
+    )
+
+
+def softcap_forward(seq: AllocSequence, n_bytes: int, saved: bool) -> AllocSequence:
+    """``c * tanh(s / c)`` of an ``n_bytes`` tensor s (freed by it: nothing saves s) into ``seq``:
+    the quotient (``div.Tensor`` by a Python float saves only the scalar), tanh's output (saved
+    by ``tanh_backward``, which reads the result), the quotient dies, the product (``mul`` by a
+    float saves nothing). Not ``saved`` (inside a checkpointed unit): tanh's output dies after
+    the product. The product is left allocated."""
+    seq.alloc(n_bytes).free(n_bytes)  # s / c, s dies
+    seq.alloc(n_bytes).free(n_bytes)  # tanh, the quotient dies
+    seq.alloc(n_bytes)  # * c
+    if not saved:
+        seq.free(n_bytes)  # tanh's output
+    return seq
+
+
+@register(OpKind.LOGIT_SOFTCAP)
+def logit_softcap_cost(spec: LayerSpec, ctx: OpContext) -> LayerCost:
+    """``z / c``, ``tanh``, ``* c`` of the (B, T, V) logits z (``Gemma2ForCausalLM.forward``,
+    transformers 5.24.0): y of z's shape (e elements) and dtype (bf16 under autocast: none of the
+    three is on autocast's lists; the loss's ``.float()`` follows). Saved: tanh's output (e of
+    z's dtype); z and the quotient are saved by nothing and freed (z after this op, the quotient
+    inside it, so the forward peak is z, the quotient and tanh's output: no transient beyond z,
+    y and the saved tensor). Backward (``MulBackward1`` -> ``TanhBackward0`` -> ``DivBackward1``):
+    grad * c (the output gradient then dies), ``tanh_backward(g, y)`` (g and y die), g / c:
+    at most two e-sized gradients at once, one beyond z's gradient. No FLOPs (FlopCounterMode
+    counts none); traffic: 6e forward, 7e backward (tanh_backward reads two), of z's dtype."""
+    x = ctx.inputs[0]
+    out = TensorInfo(numel=x.numel, dtype=x.dtype)
+    n = x.n_bytes
+    return LayerCost(
+        output=out,
+        saves_inputs=(False,),
+        saved_extra_bytes=(n,),
+        extras_are_outputs=True,  # tanh's output: a kernel's output, as SAC's cache keeps it
+        unsaved_fwd_transient_bytes=n,  # in a checkpointed unit: the quotient beside tanh's output, then y
+        bwd_transient_bytes=n,
+        releases_output_grad=True,
+        fwd_bytes_moved=6 * n,
+        bwd_bytes_moved=7 * n,
+        fwd_kernels=3,
+        bwd_kernels=3,
     )

@@ -118,8 +118,10 @@ def test_preset_is_consistent(name: str) -> None:
     assert workload.model.name == name
     assert workload.training is not None
     assert workload.model.dropout == 0.0
-    # flash, except where only eager attention runs the model (gpt-oss's sinks: transformers has no SDPA path)
-    assert workload.model.attention is (AttentionImpl.EAGER if workload.model.attention_sinks else AttentionImpl.FLASH)
+    # flash, except where only eager attention runs the model (gpt-oss's sinks, Gemma 2's soft-capped scores:
+    # transformers has no SDPA path)
+    eager_only = workload.model.attention_sinks or workload.model.attn_logit_softcapping is not None
+    assert workload.model.attention is (AttentionImpl.EAGER if eager_only else AttentionImpl.FLASH)
     if workload.model.positions is PositionKind.LEARNED:
         assert workload.training.seq_len <= workload.model.max_seq_len
 

@@ -59,6 +59,13 @@ def hf_config_for(model: ModelConfig) -> Any:
         return transformers.Gemma3TextConfig(
             attention_bias=model.qkv_bias, head_dim=model.head_dim, sliding_window=model.sliding_window,
             layer_types=[t.value for t in model.layer_types or ()] or None, **common)
+    if model.family is Family.GEMMA2:
+        assert model.qkv_bias == model.attn_out_bias and not model.mlp_bias  # one attention_bias switch
+        return transformers.Gemma2Config(
+            attention_bias=model.qkv_bias, head_dim=model.head_dim, sliding_window=model.sliding_window,
+            query_pre_attn_scalar=int(model.query_pre_attn_scalar or 256), attn_logit_softcapping=model.attn_logit_softcapping,
+            final_logit_softcapping=model.final_logit_softcapping,
+            layer_types=[t.value for t in model.layer_types or ()] or None, **common)
     if model.family is Family.PHI3:
         assert not (model.qkv_bias or model.attn_out_bias or model.mlp_bias)  # Phi3Attention/Phi3MLP: no biases
         return transformers.Phi3Config(sliding_window=model.sliding_window, **common)

@@ -285,11 +285,12 @@ def test_flops_equal_flop_counter_on_transformers(case: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# what a read family runs that is not priced yet: one line naming the key (Gemma 2's default
-# soft-capping; tests/planner/test_readers_gemma.py and test_readers_phi3.py refuse the others)
+# what a read family runs that is not priced yet: one line naming the key (Gemma's bidirectional
+# attention; tests/planner/test_readers_gemma.py and test_readers_phi3.py refuse the others)
 
 
 def test_unpriced_parts_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigError) as excinfo:
-        model_from_hf_config({**TINY_MISTRAL, "model_type": "gemma2"})
-    one_line(excinfo, "attn_logit_softcapping", "soft-capping", "not priced")
+        model_from_hf_config({**TINY_MISTRAL, "model_type": "gemma2", "sliding_window": 32,
+                              "use_bidirectional_attention": True})
+    one_line(excinfo, "use_bidirectional_attention", "not priced")

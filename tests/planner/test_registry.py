@@ -20,8 +20,8 @@ from planner.ops.base import LayerCost, LayerSpec, OpContext, OpKind
 from planner.precision import PrecisionPolicy, precision_spec
 from validate.reference_model import build_model
 
-FORMULA_MODULES = ("attention", "collectives", "elementwise", "embedding", "linear", "llama4", "loss", "mla", "moe", "norm", "scale",
-                   "pipeline")
+FORMULA_MODULES = ("attention", "collectives", "elementwise", "embedding", "gemma", "linear", "llama4", "loss", "mla", "moe",
+                   "norm", "rotary", "scale", "pipeline")
 
 # Graph nodes of these kinds are modules of the reference model, named as torch names them.
 MODULE_KINDS = frozenset({

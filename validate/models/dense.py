@@ -60,6 +60,16 @@ class GemmaRMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's soft-capping ``cap * tanh(x / cap)``, written as transformers 5.24.0 runs it
+    (``models/gemma2/modeling_gemma2.py``: the eager attention scores before the mask, the logits
+    before the loss): three ops of x's dtype, each result replacing the last (only tanh's output
+    is saved for backward): ``planner.ops.gemma``."""
+    x = x / cap
+    x = torch.tanh(x)
+    return x * cap
+
+
 class Attention(nn.Module):
     """Multi-head (grouped-query) attention: q, k, v (q/k normed: Qwen3, OLMo 2, OLMoE), rotary,
     the core, o_proj. The core and the rotary module are the reference model's (``core_type``,

@@ -19,3 +19,22 @@ FILE_DEFAULTS: dict[Family, dict[str, Any]] = {
     Family.GEMMA3_TEXT: dict(_GEMMA, qk_norm=QkNorm.HEAD),
 }
 SECTIONS: dict[Family, tuple[str, ...]] = {}
+
+
+def softcap_problems(attn_cap: float | None, final_cap: float | None, attention: str, loss: str,
+                     implementation: str) -> list[str]:
+    """Gemma 2's soft-capping, where it is priced: in the reference model, the attention scores'
+    only as eager attention (PyTorch's SDPA has no soft-capping; transformers runs Gemma 2
+    eagerly), the logits' only before the plain loss (the chunked and fused-linear losses never
+    hold the whole logits)."""
+    problems = []
+    if (attn_cap is not None or final_cap is not None) and str(implementation) != "reference":
+        problems.append(f"implementation: {implementation}'s soft-capping is not priced (the reference model runs "
+                        "Gemma 2's); use implementation reference")
+    if attn_cap is not None and str(attention) != "eager":
+        problems.append(f"attn_logit_softcapping: {attn_cap}: PyTorch's SDPA has no soft-capping of the scores; use "
+                        "--attention eager (attention: eager), as transformers runs Gemma 2")
+    if final_cap is not None and str(loss) != "plain":
+        problems.append(f"final_logit_softcapping: {final_cap}: the soft-capped logits are priced before the plain "
+                        f"loss only, not the {loss} loss; use loss: plain")
+    return problems

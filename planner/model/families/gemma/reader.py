@@ -23,9 +23,12 @@ Mapped from transformers 5.24.0's ``models/gemma2/configuration_gemma2.py`` (``G
   (B, T, D) elementwise op); embeddings tied by default.
 - Gemma 2 runs eager attention (``Gemma2PreTrainedModel._supports_sdpa`` is False): planned eager.
 
-Refused in one line naming the key: attention or final-logit soft-capping (tanh on the scores
-or the logits: not priced; Gemma 2's defaults are 50 and 30, so a Gemma 2 file needs both null),
-``use_bidirectional_attention``, an activation other than gelu_pytorch_tanh, dropout above 0
+- soft-capping (Gemma 2's defaults 50 and 30; Gemma 3's null): ``attn_logit_softcapping`` caps the
+  eager scores before the mask, ``final_logit_softcapping`` the logits before the loss, each
+  ``c * tanh(x / c)`` (``planner.ops.gemma``). SDPA has no soft-capping: capped scores under flash
+  attention are refused in one line (use eager).
+
+Refused in one line naming the key: ``use_bidirectional_attention``, an activation other than gelu_pytorch_tanh, dropout above 0
 (the planner's dropout also covers the embedding and residuals, which Gemma does not drop), rope
 types other than default and linear. A gemma3 file's vision tower is not planned: a one-line
 warning says so.
@@ -87,16 +90,11 @@ def text_part(data: Mapping[str, Any], context: str) -> dict[str, Any]:
 
 def _refusals(data: Mapping[str, Any], defaults: Mapping[str, Any], context: str) -> None:
     """One line naming the key of what is not priced."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        value = data.get(key, defaults[key])
-        if value is not None:
-            raise ConfigError(f"{context}: {key}: {value!r}: tanh soft-capping of the "
-                              f"{'attention scores' if key.startswith('attn') else 'logits'} is not priced; set it "
-                              "to null to plan the model without it")
     if hf_bool(data, "use_bidirectional_attention", context, False):
         raise ConfigError(f"{context}: use_bidirectional_attention: bidirectional attention is not priced (decoder-"
                           "only causal models only); set it to false")
-    act = data.get("hidden_activation") or data.get("hidden_act") or defaults["hidden_activation"]
+    # Gemma2MLP / Gemma3MLP run ACT2FN[config.hidden_activation]; hidden_act is never read
+    act = data.get("hidden_activation") or defaults["hidden_activation"]
     if act != Activation.GELU_PYTORCH_TANH.value:
         raise ConfigError(f"{context}: hidden_activation: {act!r} is not supported; Gemma's GeGLU MLP is priced with "
                           "gelu_pytorch_tanh")
@@ -105,15 +103,20 @@ def _refusals(data: Mapping[str, Any], defaults: Mapping[str, Any], context: str
                           "dropout also drops the embedding and residual branches, which Gemma does not); set it to 0")
 
 
-def _layer_types(data: Mapping[str, Any], defaults: Mapping[str, Any], n_layers: int, context: str
-                 ) -> tuple[LayerType, ...]:
-    """``layer_types``, else every ``sliding_window_pattern``-th layer full (Gemma2Config: 2,
-    Gemma3TextConfig: 6, also read from ``_sliding_window_pattern``)."""
+def _layer_types(data: Mapping[str, Any], model_type: str, defaults: Mapping[str, Any], n_layers: int,
+                 context: str) -> tuple[LayerType, ...]:
+    """``layer_types``, else every ``sliding_window_pattern``-th layer full: Gemma2Config alternates
+    (every 2nd full) whatever the file says; Gemma3TextConfig reads ``sliding_window_pattern``
+    (default 6; also ``_sliding_window_pattern``) (transformers 5.24.0 ``configuration_gemma2.py``,
+    ``configuration_gemma3.py`` ``__post_init__``)."""
     raw = data.get("layer_types")
     if raw is not None:
         return listed_layer_types(raw, n_layers, context)
-    key = "sliding_window_pattern" if data.get("sliding_window_pattern") is not None else "_sliding_window_pattern"
-    pattern = hf_int(data, key, context, default=defaults["sliding_window_pattern"])
+    if model_type == "gemma2":  # the pattern is not read from the file
+        pattern = 2
+    else:
+        key = "sliding_window_pattern" if data.get("sliding_window_pattern") is not None else "_sliding_window_pattern"
+        pattern = hf_int(data, key, context, default=defaults["sliding_window_pattern"])
     return tuple(LayerType.SLIDING if (i + 1) % pattern else LayerType.FULL for i in range(n_layers))
 
 
@@ -142,11 +145,13 @@ def _rope_fields(data: Mapping[str, Any], model_type: str, defaults: Mapping[str
                               "for gemma (default and linear cost plain RoPE tables)", fix)
     if model_type == "gemma2":
         return {"rope_theta": hf_rope_theta(data, context, defaults["rope_theta"])}
+    # Gemma3TextConfig: rope_parameters[...].setdefault("rope_theta", kwargs.pop("rope_theta", ...)): the
+    # nested value wins, the top-level one fills in where it is missing
     full = _nested_theta(data, "full_attention", context)
-    if data.get("rope_theta") is not None or full is None:
+    if full is None:
         full = hf_float(data, "rope_theta", context, defaults["rope_theta"])
     local = _nested_theta(data, "sliding_attention", context)
-    if data.get("rope_local_base_freq") is not None or local is None:
+    if local is None:
         local = hf_float(data, "rope_local_base_freq", context, defaults["rope_local_base_freq"])
     return {"rope_theta": full, "rope_local_theta": local}
 
@@ -167,13 +172,16 @@ def _fields(
     }
     if model_type == "gemma2":  # transformers runs Gemma 2 eagerly (no SDPA path)
         fields["attention"] = AttentionImpl.EAGER
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # c tanh(x / c): planner.ops.gemma
+        if data.get(key, defaults[key]) is not None:
+            fields[key] = hf_float(data, key, context, defaults[key])
     if "head_dim" in data and data["head_dim"] is None:
         raise ConfigError(f"{context}: head_dim: null is rejected by transformers' Gemma config (an int field); give "
                           f"the head size or omit it (default {defaults['head_dim']})")
     head_dim = hf_int(data, "head_dim", context, default=defaults["head_dim"])
     if head_dim * shape.n_heads != shape.d_model:
         fields["attention_head_dim"] = head_dim
-    types = _layer_types(data, defaults, shape.n_layers, context)
+    types = _layer_types(data, model_type, defaults, shape.n_layers, context)
     window = data.get("sliding_window", defaults["sliding_window"])
     if LayerType.SLIDING in types:
         if window is None:

@@ -49,7 +49,7 @@ def fused_mlp_ops(model: ModelConfig, b: int, x: str) -> tuple[list[OpDesc], str
 
 def rotary_op(model: ModelConfig, b: int, q: str, k: str, rope: str) -> OpDesc:
     """RoPE on q and k: of each head's H dims, the first ``model.rope_dim`` rotated (all unless
-    ``partial_rotary_factor`` is set; ``planner.ops.attention.rotary_cost``)."""
+    ``partial_rotary_factor`` is set; ``planner.ops.rotary.rotary_cost``)."""
     fields: tuple[tuple[str, object], ...] = ()
     if model.rope_dim < model.head_dim:
         fields = (("in_features", model.head_dim), ("out_features", model.rope_dim))
