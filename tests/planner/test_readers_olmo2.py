@@ -6,14 +6,14 @@ over the reference model.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
+from reader_checks import assert_counts_match, hf_count
 
 from hardware.registry import load_hardware
 from planner.errors import ConfigError
-from planner.graph.params import count_params, param_tensors
+from planner.graph.params import count_params
 from planner.model.config import Family, ModelConfig, NormPlacement, QkNorm
 from planner.model.families.config_json import model_from_hf_config
 from planner.model.sources import load_preset, resolve
@@ -42,14 +42,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "biases, tied, MHA": {**TINY, "attention_bias": True, "tie_word_embeddings": True, "num_key_value_heads": None},
     "head_dim 24": {**TINY, "head_dim": 24},
 }
-
-
-def hf_count(data: dict[str, Any]) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    with torch.device("meta"):
-        net = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**copy.deepcopy(data)))
-    return sum(p.numel() for p in net.parameters())
 
 
 def test_olmo2_7b() -> None:
@@ -94,15 +86,7 @@ def test_published_count_equals_transformers() -> None:
 
 @pytest.mark.parametrize("case", list(VARIANTS))
 def test_counts_equal_transformers_and_reference(case: str) -> None:
-    torch = pytest.importorskip("torch")
-    from validate.reference_model import build_model
-
-    model = model_from_hf_config(VARIANTS[case])
-    with torch.device("meta"):
-        reference = build_model(model)
-    assert count_params(model) == hf_count(VARIANTS[case]) == sum(p.numel() for p in reference.parameters())
-    # same tensors, in the same order (the description is the reference model)
-    assert list(param_tensors(model)) == [n for n, _ in reference.named_parameters()]
+    assert_counts_match(VARIANTS[case])  # and the same tensors, in the same order, as the reference model
 
 
 # Every block checkpointed: the peak is in the last block's mlp_norm backward after its recompute,
