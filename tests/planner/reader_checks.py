@@ -58,3 +58,16 @@ def assert_matches_pytorch(model: ModelConfig, training: TrainConfig, knobs: Kno
     measured = simulate_step(model, training, knobs)
     assert predicted.memory.peak_allocated_bytes == pytest.approx(measured.peak_allocated_bytes, rel=rel)
     assert predicted.hardware_flops_per_step == pytest.approx(measured.flops_per_step, rel=1e-9)
+
+
+def assert_flops_match_transformers(data: dict[str, Any], seq_len: int = 32, batch: int = 2) -> None:
+    """The planned model FLOPs of one fp32 step (eager attention) equal FlopCounterMode over
+    transformers' own model built from ``data``."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from planner.model.sources import resolve
+    from validate.flops import transformers_training_flops
+
+    model, training = resolve(data, seq_len=seq_len, global_batch_size=batch, attention="eager")
+    planned = estimate(model, training, HW, Knobs(micro_batch_size=batch, precision="fp32")).model_flops_per_step
+    assert planned == pytest.approx(transformers_training_flops(data, seq_len, batch), rel=1e-9)

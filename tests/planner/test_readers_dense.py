@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 import pytest
+from reader_checks import assert_flops_match_transformers
 
 from hardware.registry import load_hardware
 from planner.errors import ConfigError
@@ -274,14 +275,7 @@ def test_planner_matches_pytorch(case: str, attention: str, seq_len: int, precis
 @pytest.mark.parametrize("case", ["mistral head_dim 24", "qwen3 biases, tied"])
 def test_flops_equal_flop_counter_on_transformers(case: str) -> None:
     """transformers' own model (eager attention) does the FLOPs the planner counts."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from validate.flops import transformers_training_flops
-
-    data = dict(TINY_VARIANTS)[case]
-    model, training = resolve(data, seq_len=32, global_batch_size=2, attention="eager")
-    planned = estimate(model, training, HW, Knobs(micro_batch_size=2, precision="fp32")).model_flops_per_step
-    assert planned == pytest.approx(transformers_training_flops(data, 32, 2), rel=1e-9)
+    assert_flops_match_transformers(dict(TINY_VARIANTS)[case])
 
 
 # ---------------------------------------------------------------------------------------------

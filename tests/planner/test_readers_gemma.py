@@ -13,7 +13,7 @@ import warnings
 from typing import Any
 
 import pytest
-from reader_checks import assert_counts_match, assert_matches_pytorch
+from reader_checks import assert_counts_match, assert_flops_match_transformers, assert_matches_pytorch
 
 from hardware.dtypes import DType
 from hardware.registry import load_hardware
@@ -36,7 +36,6 @@ from planner.ops.base import LayerSpec, OpContext, OpKind, TensorInfo
 from planner.ops.catalog import cost_of
 from planner.plan.knobs import Knobs
 from planner.precision import precision_spec
-from planner.program.estimate import estimate
 
 HW = load_hardware("h100-sxm")
 
@@ -201,14 +200,7 @@ def test_planner_matches_pytorch(case: str, attention: str, precision: str, bloc
 
 @pytest.mark.parametrize("case", ["gemma3", "gemma2"])
 def test_flops_equal_flop_counter_on_transformers(case: str) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from validate.flops import transformers_training_flops
-
-    data = VARIANTS[case]
-    model, training = resolve(data, seq_len=32, global_batch_size=2, attention="eager")
-    planned = estimate(model, training, HW, Knobs(micro_batch_size=2, precision="fp32")).model_flops_per_step
-    assert planned == pytest.approx(transformers_training_flops(data, 32, 2), rel=1e-9)
+    assert_flops_match_transformers(VARIANTS[case])
 
 
 def test_what_transformers_ignores_or_overrides_is_read_as_it_does() -> None:

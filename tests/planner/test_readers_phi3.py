@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from reader_checks import assert_counts_match, assert_matches_pytorch
+from reader_checks import assert_counts_match, assert_flops_match_transformers, assert_matches_pytorch
 
 from hardware.registry import load_hardware
 from planner.errors import ConfigError
@@ -19,7 +19,6 @@ from planner.model.config import Family, ModelConfig
 from planner.model.families.config_json import model_from_hf_config
 from planner.model.sources import load_preset, resolve
 from planner.plan.knobs import Knobs
-from planner.program.estimate import estimate
 
 HW = load_hardware("h100-sxm")
 
@@ -127,14 +126,7 @@ def test_planner_matches_pytorch(case: str, attention: str, precision: str, bloc
 
 @pytest.mark.parametrize("case", ["gqa, partial rotary", "mha, tied, window"])
 def test_flops_equal_flop_counter_on_transformers(case: str) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from validate.flops import transformers_training_flops
-
-    data = VARIANTS[case]
-    model, training = resolve(data, seq_len=32, global_batch_size=2, attention="eager")
-    planned = estimate(model, training, HW, Knobs(micro_batch_size=2, precision="fp32")).model_flops_per_step
-    assert planned == pytest.approx(transformers_training_flops(data, 32, 2), rel=1e-9)
+    assert_flops_match_transformers(VARIANTS[case])
 
 
 def test_fused_projections_fit_dense_swiglu_blocks_only() -> None:
